@@ -1,0 +1,1 @@
+"""One module per question the analyzer answers; each returns Findings and tables."""

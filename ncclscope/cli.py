@@ -1,0 +1,145 @@
+"""The `ncclscope` command line.
+
+    ncclscope train --dp 4 --steps 5 --out runs/a     run a traced job (imports torch)
+    ncclscope analyze runs/a [--json]                  verdict, findings, per-rank summary
+
+Exit codes of `analyze`: 0 nothing wrong found, 1 problems found, 2 input
+unreadable. `train` returns 0 when the job completed and nothing is wrong, 1
+otherwise, 2 on a bad configuration.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Sequence
+
+from . import __version__
+from .findings import Finding
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_UNREADABLE = 0, 1, 2
+
+
+def _analysis(trace: Any) -> tuple[str, list[Finding]]:
+    """Run every diagnosis on a loaded trace: (verdict line, findings)."""
+    from .analysis.diagnose import diagnose
+    result = diagnose(trace)
+    return result.verdict, result.findings
+
+
+def _print_report(trace: Any, verdict: str, findings: list[Finding], out: Any = sys.stdout) -> None:
+    from .analysis.summary import rank_summary
+    print(verdict, file=out)
+    if findings:
+        print("\nFindings:", file=out)
+        for f in findings:
+            print(f"  [{f.severity}] {f.kind}: {f.title}", file=out)
+            for ev in f.evidence[:6]:
+                print(f"      - {ev.describe()}", file=out)
+            if len(f.evidence) > 6:
+                print(f"      ... {len(f.evidence) - 6} more evidence rows (see --json)", file=out)
+    table = rank_summary(trace)
+    print(f"\nRanks ({len(table)}):", file=out)
+    if len(table) > 64:
+        shown = table[table["state"] != "finished"].head(64)
+        print(f"  ({len(table) - len(shown)} finished ranks not shown)", file=out)
+    else:
+        shown = table
+    print(shown.to_string(index=False, max_colwidth=60), file=out)
+    if trace.warnings:
+        print(f"\nWarnings ({len(trace.warnings)}):", file=out)
+        for w in trace.warnings[:20]:
+            print(f"  {w}", file=out)
+        if len(trace.warnings) > 20:
+            print(f"  ... {len(trace.warnings) - 20} more", file=out)
+
+
+def _json_report(trace: Any, verdict: str, findings: list[Finding]) -> dict[str, Any]:
+    from .analysis.summary import rank_summary
+    from .schema import SCHEMA_VERSION
+    return {
+        "schema": SCHEMA_VERSION,
+        "run": str(trace.path),
+        "verdict": verdict,
+        "findings": [f.to_json() for f in findings],
+        "ranks": rank_summary(trace).to_dict(orient="records"),
+        "warnings": list(trace.warnings),
+    }
+
+
+def cmd_analyze(ns: argparse.Namespace) -> int:
+    from .trace import TraceError, load
+    try:
+        trace = load(ns.run)
+    except TraceError as exc:
+        print(f"ncclscope: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    verdict, findings = _analysis(trace)
+    if ns.json:
+        json.dump(_json_report(trace, verdict, findings), sys.stdout, indent=1, default=str)
+        print()
+    else:
+        _print_report(trace, verdict, findings)
+    return EXIT_PROBLEMS if any(f.severity in ("error", "warning") for f in findings) else EXIT_OK
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from .runtime import config as C
+    try:
+        cfg = C.from_args(ns)
+        from .runtime.faults import parse_spec
+        for spec in cfg.inject:
+            parse_spec(spec)
+    except ValueError as exc:   # ConfigError, FaultSpecError
+        print(f"ncclscope: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    from .runtime.launch import RunDirError, launch
+    try:
+        run_dir, run = launch(cfg, dump_grads=ns.dump_grads)
+    except RunDirError as exc:
+        print(f"ncclscope: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    print(f"ncclscope train: {run['end_reason']} in {run['duration_s']:.1f} s; run directory {run_dir}",
+          file=sys.stderr)
+    if not cfg.trace:
+        codes = [v["exitcode"] for v in run["ranks"].values()]
+        return EXIT_OK if run["end_reason"] == "completed" and all(c == 0 for c in codes) else EXIT_PROBLEMS
+    from .trace import load
+    trace = load(run_dir)
+    verdict, findings = _analysis(trace)
+    _print_report(trace, verdict, findings)
+    problems = any(f.severity == "error" for f in findings) or run["end_reason"] != "completed"
+    return EXIT_PROBLEMS if problems else EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ncclscope", description="Debugger and trace analyzer for distributed training.")
+    p.add_argument("--version", action="version", version=f"ncclscope {__version__}")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="run an instrumented multi-rank training job on this machine")
+    from .runtime.config import add_arguments   # torch-free
+    add_arguments(t)
+    t.add_argument("--dump-grads", default="", help=argparse.SUPPRESS)
+    t.set_defaults(func=cmd_train)
+
+    a = sub.add_parser("analyze", help="diagnose a run directory: verdict, findings, per-rank summary")
+    a.add_argument("run", help="run directory (holds run.json and rank-NNNNN/)")
+    a.add_argument("--json", action="store_true", help="machine-readable output")
+    a.set_defaults(func=cmd_analyze)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return int(ns.func(ns))
+    except BrokenPipeError:   # `ncclscope analyze RUN | head`
+        return EXIT_OK
+    except KeyboardInterrupt:
+        print("ncclscope: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Readers for traces other tools wrote (Flight Recorder dumps, profiler traces)."""

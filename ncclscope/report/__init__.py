@@ -1,0 +1,1 @@
+"""Plotly HTML report: presents what the analyses return."""

@@ -1,0 +1,1 @@
+"""Textual TUI for post-mortem of hung jobs and following live ones."""

@@ -1,0 +1,1 @@
+"""Parallel modes: each is its maths plus calls into ncclscope.runtime.comm."""

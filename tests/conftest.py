@@ -1,0 +1,48 @@
+"""Shared fixtures: run the CLI in a child process that can never outlive its test."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class CliResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONWARNINGS"] = "ignore::FutureWarning"
+    return env
+
+
+def run_cli(*args: str, timeout: float = 90.0, cwd: str | os.PathLike[str] | None = None) -> CliResult:
+    """Run `python -m ncclscope ARGS` in its own session; on timeout kill the
+    whole session (launcher and ranks) and fail the test, never hang it."""
+    proc = subprocess.Popen([sys.executable, "-m", "ncclscope", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=cli_env(), cwd=cwd or ROOT,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"ncclscope {' '.join(args)} did not finish in {timeout} s\n{out}\n{err}")
+    return CliResult(proc.returncode, out, err)
+
+
+@pytest.fixture
+def cli():
+    return run_cli
