@@ -101,9 +101,9 @@ def _short_path(filename: str) -> str:
         return filename
 
 
-def call_site(depth: int = 3) -> str:
+def call_site() -> str:
     """file:line of the first caller outside this module (cheap: a few frames)."""
-    f = sys._getframe(depth)
+    f: Any = sys._getframe(1)
     while f is not None and f.f_code.co_filename == _THIS_FILE:
         f = f.f_back
     if f is None:
@@ -112,15 +112,18 @@ def call_site(depth: int = 3) -> str:
 
 
 def _shape(t: torch.Tensor) -> str:
-    return "[[" + ",".join(str(d) for d in t.shape) + "]]"
+    """Shapes as Flight Recorder writes input_sizes: a JSON list of shapes."""
+    return "[" + str(list(t.shape)) + "]"
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
 
 
 def _dtype(t: torch.Tensor) -> str:
-    return str(t.dtype).replace("torch.", "")
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    return t.numel() * t.element_size()
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None:
+        name = _DTYPE_NAMES[t.dtype] = str(t.dtype).replace("torch.", "")
+    return name
 
 
 class Handle:
@@ -186,9 +189,9 @@ class Comm:
             seq = -1
         op_id = self.rec.begin(
             kind, op, group=group.name, seq=cseq, p2p_seq=seq, peer=peer, tag=tag,
-            nbytes=_nbytes(t) if t is not None else 0, dtype=_dtype(t) if t is not None else "",
+            nbytes=t.nbytes if t is not None else 0, dtype=_dtype(t) if t is not None else "",
             sizes=_shape(t) if t is not None else "[]", reduce_op=reduce_op,
-            timeout_ms=int(timeout_s * 1000), call_site=call_site(4),
+            timeout_ms=int(timeout_s * 1000), call_site=call_site(),
         )
         return op_id, cseq if cseq >= 0 else seq
 

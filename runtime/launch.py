@@ -51,15 +51,22 @@ def _set_pdeathsig() -> None:
         pass
 
 
-def _child(cfg: C.RunConfig, rank: int, world_size: int, init_method: str, progress: Any, dump_grads: str) -> None:
+def _child(cfg: C.RunConfig, rank: int, world_size: int, init_method: str, progress: Any, lingering: Any,
+           release: Any, dump_grads: str) -> None:
     _set_pdeathsig()
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # the launcher decides how the job ends
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-    from .train import run_rank
+    from .train import EXIT_COMM, EXIT_TIMEOUT, run_rank
     code = run_rank(cfg, rank, world_size, init_method, local_rank=rank, progress=progress, dump_grads=dump_grads)
     sys.stdout.flush()
     sys.stderr.flush()
+    if code in (EXIT_TIMEOUT, EXIT_COMM):
+        # Keep this process (and its sockets) alive until the launcher releases
+        # it: exiting now would hand every peer a "Connection closed by peer"
+        # error instead of letting each one hit, and record, its own timeout.
+        lingering[rank] = 1
+        release.wait(cfg.timeout_s + GRACE_S)
     os._exit(code)
 
 
@@ -134,9 +141,11 @@ def launch(cfg: C.RunConfig, dump_grads: str = "", quiet: bool = False) -> tuple
     _write_json(run_dir / S.RUN_JSON, run)
     ctx = mp.get_context("fork")
     progress = ctx.Array("i", world, lock=False)
+    lingering = ctx.Array("i", world, lock=False)   # 1: failed, waiting so peers can time out on their own
+    release = ctx.Event()
     store_dir = tempfile.mkdtemp(prefix="ncclscope-store-")
     init_method = f"file://{store_dir}/store"
-    procs = [ctx.Process(target=_child, args=(cfg, r, world, init_method, progress, dump_grads),
+    procs = [ctx.Process(target=_child, args=(cfg, r, world, init_method, progress, lingering, release, dump_grads),
                          name=f"ncclscope-rank-{r}", daemon=False) for r in range(world)]
     bar = _Progress(cfg.steps)
     end_reason = "completed"
@@ -153,7 +162,13 @@ def launch(cfg: C.RunConfig, dump_grads: str = "", quiet: bool = False) -> tuple
             if not alive:
                 end_reason = "completed" if not failed else "rank_failed"
                 break
-            if failed and first_failure is None:
+            if all(lingering[procs.index(p)] for p in alive):
+                end_reason = "rank_failed"   # everyone left has failed and recorded why
+                release.set()
+                for p in alive:
+                    p.join(timeout=5)
+                break
+            if (failed or any(lingering)) and first_failure is None:
                 first_failure = time.monotonic()
             if first_failure is not None and time.monotonic() - first_failure > cfg.timeout_s + GRACE_S:
                 end_reason = "rank_failed"
