@@ -43,6 +43,7 @@ class RunConfig:
     n_experts: int = 0              # 0: dense MLP; >0: MoE block with this many experts
     top_k: int = 1
     capacity_factor: float = 2.0
+    aux_loss_coef: float = 0.01     # MoE load-balancing loss weight
     # training
     steps: int = 5
     batch_size: int = 8             # global batch (sequences per step, over all dp replicas)
@@ -112,6 +113,9 @@ class RunConfig:
         if self.n_experts and self.n_experts % self.ep:
             raise ConfigError(f"n_experts must be divisible by ep: {self.n_experts} % {self.ep} = "
                               f"{self.n_experts % self.ep}")
+        if self.n_experts and self.cp > 1:
+            raise ConfigError(f"MoE (n_experts={self.n_experts}) does not combine with --cp {self.cp}: "
+                              f"routing groups are whole sequences, which cp splits across ranks")
         if self.n_experts and not 1 <= self.top_k <= self.n_experts:
             raise ConfigError(f"--top-k must be in 1..n_experts={self.n_experts}, got {self.top_k}")
         per_replica = self.batch_size // self.dp if self.batch_size % self.dp == 0 else -1

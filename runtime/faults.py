@@ -7,7 +7,8 @@
     kill:rank=R,step=S                              rank SIGKILLs itself
     crash:rank=R,step=S                             rank raises
     wrong_group:rank=R,step=S,use=G[,op=..][,group=..]  collective issued on group kind G
-    p2p_order:rank=R,step=S                         pipeline rank posts recv before send
+    p2p_order:rank=R,step=S                         pipeline rank posts recv before send (deadlock;
+                                                    needs a rank that sends activations onward)
     mismatch:rank=R,step=S,what=size|dtype|type     collective differs from its peers'
     slow:rank=R,factor=F                            compute F x slower
     nan:rank=R,step=S                               NaN in that rank's gradients

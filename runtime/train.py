@@ -5,8 +5,25 @@ or unchanged under torchrun:
 
     torchrun --standalone --nproc-per-node 2 -m ncclscope.runtime.train --dp 2 --steps 5 --out runs/a
 
+Any layout of the mesh trains the same model, e.g.
+
+    ncclscope train --tp 2 --pp 2 --dp 2 --microbatches 2 --out runs/b
+    ncclscope train --dp 2 --ep 2 --zero 2 --out runs/c
+    ncclscope train --cp 2 --tp 2 --out runs/d
+
+Each rank builds its pipeline stage(s) of the model by slicing the full model
+initialised from the seed (model.ParallelStage), runs its action list
+(pipeline/executor.py), reduces gradients and steps (parallel/data.py).
+
 Each rank writes runs/a/rank-NNNNN/ (events, metrics, samples, stacks); rank 0
 writes run.json when there is no ncclscope launcher to do it.
+
+`--dump-grads DIR` saves DIR/rank-R.pt: {"grads": {step: {name: reduced grad
+before clipping}}, "params": {name: after the last step}, "shard": {name:
+{"dim", "index"}} for tp shards (the rows/columns of the full tensor held),
+"grad_range": {name: [start, stop)} under ZeRO-2 (the flattened piece of the
+local gradient held), "losses", "grad_norms", "coords"}. Names are the
+reference model's.
 
 Exit codes: 0 ok, 3 comm timeout, 4 comm error, 5 other exception,
 6 the ranks disagree on process groups, 7 bad configuration.
@@ -35,8 +52,10 @@ from .comm import Comm, CommError, CommTimeoutError
 from .data import global_batch, shard
 from .faults import FaultPlan
 from .mesh import MeshError, build_mesh
-from .model import clip_, grad_norm_sq, param_checksum
-from .parallel.data import GradSync
+from .model import Layout, ParallelStage, grad_norm_sq, moe_blocks, param_checksum
+from .parallel.context import zigzag_index
+from .parallel.data import DataParallel, ParamSet
+from .pipeline.executor import PipelineExecutor
 from .recorder import NullRecorder, Recorder
 from .reference import make_model
 from .telemetry import Sampler, measure_clock_offsets
@@ -66,18 +85,79 @@ def _memory_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
-def train_dp(cfg: C.RunConfig, comm: Comm, mesh: Any, rec: Any, faults: FaultPlan, progress: Any = None,
-             dump_grads: str = "") -> None:
-    """Data-parallel training (tp = pp = cp = 1)."""
-    dp = mesh.group("dp")
+def build_stages(cfg: C.RunConfig, comm: Comm, mesh: Any) -> list[ParallelStage]:
+    """This rank's model chunks (one per virtual stage it owns: stage c*pp + pp_rank),
+    sliced from the full reference model initialised from the seed."""
+    full = make_model(cfg)
+    cp = mesh.group("cp")
+    lay = Layout(comm, mesh.group("tp"), cp, mesh.group("ep"), zigzag_index(cp.rank, cp.size, cfg.block_size))
+    per_stage = cfg.layers_per_stage()
+    starts = [sum(per_stage[:s]) for s in range(cfg.n_stages)]
+    chunks = []
+    for c in range(cfg.vpp):
+        s = c * cfg.pp + mesh.coords["pp"]
+        chunks.append(ParallelStage(full, range(starts[s], starts[s] + per_stage[s]), s == 0,
+                                    s == cfg.n_stages - 1, lay))
+    return chunks
+
+
+def build_data_parallel(cfg: C.RunConfig, comm: Comm, mesh: Any,
+                        named: list[tuple[str, torch.nn.Parameter]]) -> DataParallel:
+    """Dense parameters reduce over dp (dp x cp under CP); with ep > 1 the
+    experts reduce over edp; both divide by dp (see parallel/data.py)."""
+    tp = mesh.group("tp")
+    is_expert = [cfg.ep > 1 and ".experts." in n for n, _ in named]
+    counted = [hasattr(p, "tp_shard") or tp.rank == 0 for _, p in named]
+
+    def param_set(want: bool, group: Any) -> ParamSet:
+        pick = [i for i, e in enumerate(is_expert) if e == want]
+        return ParamSet([named[i][1] for i in pick], [counted[i] for i in pick], comm, group, cfg.zero,
+                        cfg.dp, cfg.lr, cfg.bucket_mb)
+
+    dense = param_set(False, mesh.group("dp_cp") if cfg.cp > 1 else mesh.group("dp"))
+    expert = param_set(True, mesh.group("edp")) if any(is_expert) else None
+    return DataParallel(dense, expert, comm, tp, mesh.group("pp"), mesh.group("ep"))
+
+
+def _grads_for_dump(dpar: DataParallel, named: list[tuple[str, torch.nn.Parameter]]) -> tuple[dict, dict]:
+    """This rank's reduced gradients by full name; under ZeRO-2 only the
+    flattened piece it holds, with its [start, stop) in `ranges`."""
+    grads, ranges = {}, {}
+    index = {id(p): n for n, p in named}
+    for pset in (dpar.dense, dpar.expert):
+        if pset is None:
+            continue
+        for i, p in enumerate(pset.params):
+            name = index[id(p)]
+            if pset.zero is not None and pset.zero.stage == 2:
+                piece = pset.zero.grad_piece(i)
+                if piece is not None:
+                    grads[name], ranges[name] = piece[0].clone(), [piece[1], piece[2]]
+            elif p.grad is not None:
+                grads[name] = p.grad.detach().clone()
+    return grads, ranges
+
+
+def train(cfg: C.RunConfig, comm: Comm, mesh: Any, rec: Any, faults: FaultPlan, progress: Any = None,
+          dump_grads: str = "") -> None:
+    """Training on any layout of tp x cp x dp x pp (ep inside dp, ZeRO on dp)."""
     dp_index = mesh.coords["dp"]
-    model = make_model(cfg)
-    params = list(model.parameters())
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    sync = GradSync(params, comm, dp, cfg.bucket_mb)
+    chunks = build_stages(cfg, comm, mesh)
+    named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
+    params = [p for _, p in named]
+    moes = [m for chunk in chunks for m in moe_blocks(chunk)]
+    for m in moes:
+        m.grad_scale = 1.0 / cfg.microbatches          # the loss of each microbatch is divided by m
+    dpar = build_data_parallel(cfg, comm, mesh, named)
+    executor = PipelineExecutor(chunks, cfg.schedule, cfg.microbatches, comm, mesh.group("pp"), rec, faults)
+    is_last = any(chunk.last for chunk in chunks)
+    positions = chunks[0].positions
     dtype = getattr(torch, cfg.dtype)
     slow = faults.slow_factor()
     dumped: dict[int, dict[str, torch.Tensor]] = {}
+    ranges: dict[str, list[int]] = {}
+    losses: dict[int, float] = {}
+    norms: dict[int, float] = {}
     for step in range(cfg.steps):
         t_step = time.perf_counter()
         rec.context.step = step
@@ -85,18 +165,12 @@ def train_dp(cfg: C.RunConfig, comm: Comm, mesh: Any, rec: Any, faults: FaultPla
             progress[comm.rank] = step + 1
         faults.at_step_start()
         x, y = global_batch(cfg.seed, step, cfg.batch_size, cfg.block_size)
-        x, y = shard(x, dp_index, dp.size), shard(y, dp_index, dp.size)      # [B/dp, T]
-        opt.zero_grad(set_to_none=True)
-        loss_sum = torch.zeros((), dtype=dtype)
+        x, y = shard(x, dp_index, cfg.dp)[:, positions], shard(y, dp_index, cfg.dp)[:, positions]  # [B/dp, T/cp]
+        mb_shape = (x.shape[0] // cfg.microbatches, x.shape[1], cfg.n_embd)
+        for p in params:
+            p.grad = None
         t_compute = time.perf_counter()
-        for mb, (xm, ym) in enumerate(zip(x.chunk(cfg.microbatches), y.chunk(cfg.microbatches))):
-            rec.context.microbatch = mb
-            with rec.span("forward"):
-                loss = model(xm, ym) / cfg.microbatches
-            with rec.span("backward"):
-                loss.backward()
-            loss_sum += loss.detach()
-        rec.context.microbatch = -1
+        loss_sum = executor.run(list(x.chunk(cfg.microbatches)), list(y.chunk(cfg.microbatches)), mb_shape, dtype)
         compute_s = time.perf_counter() - t_compute
         if slow > 1:
             with rec.span("forward", message=f"slowed x{slow:g}"):
@@ -104,21 +178,39 @@ def train_dp(cfg: C.RunConfig, comm: Comm, mesh: Any, rec: Any, faults: FaultPla
         local_norm = math.sqrt(grad_norm_sq(params))
         if faults.take("nan"):
             params[0].grad.view(-1)[0] = float("nan")
-        loss_avg = sync.all_reduce(loss_sum.reshape(1), keep_local=faults.take("desync_grad"))
-        global_norm = math.sqrt(grad_norm_sq(params))
+        loss_avg = dpar.reduce(loss_sum.reshape(1), keep_local=faults.take("desync_grad"))
+        global_norm = dpar.global_norm()
+        loss = float(loss_avg[0]) if is_last else float("nan")
         if dump_grads:
-            dumped[step] = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
+            dumped[step], ranges = _grads_for_dump(dpar, named)
+            losses[step], norms[step] = loss, global_norm
         with rec.span("optimizer"):
-            clip_(params, global_norm, cfg.grad_clip)
-            opt.step()
-        rec.metric(step=step, step_time_s=time.perf_counter() - t_step, loss=float(loss_avg[0]),
+            dpar.step(global_norm, cfg.grad_clip)
+        moe_stats = [m.reset_stats() for m in moes]
+        rec.metric(step=step, step_time_s=time.perf_counter() - t_step, loss=loss,
                    grad_norm_local=local_norm, grad_norm_global=global_norm,
                    param_checksum=param_checksum(params), memory_bytes=_memory_bytes(),
-                   tokens=int(x.numel()))
+                   tokens=int(x.numel()), **_moe_metrics(moes, moe_stats))
     if dump_grads:
         Path(dump_grads).mkdir(parents=True, exist_ok=True)
-        torch.save({"grads": dumped, "params": {n: p.detach().clone() for n, p in model.named_parameters()}},
+        shards = {n: {"dim": p.tp_shard[0], "index": p.tp_shard[1]} for n, p in named if hasattr(p, "tp_shard")}
+        torch.save({"grads": dumped, "params": {n: p.detach().clone() for n, p in named}, "shard": shards,
+                    "grad_range": ranges, "losses": losses, "grad_norms": norms, "coords": mesh.coords},
                    Path(dump_grads) / f"rank-{comm.rank}.pt")
+
+
+train_dp = train   # the name DP-only callers (benchmarks) use
+
+
+def _moe_metrics(moes: list[Any], stats: list[tuple[list[int], int]]) -> dict[str, Any]:
+    """Tokens each local expert processed (summed over this rank's MoE layers)
+    and assignments dropped by capacity; per-layer loads go in `extra`."""
+    if not moes:
+        return {}
+    load = [sum(col) for col in zip(*(s[0] for s in stats))]
+    by_layer = {str(i): s[0] for i, s in enumerate(stats)}
+    return {"expert_load": load, "dropped_tokens": sum(s[1] for s in stats),
+            "extra": json.dumps({"expert_load_by_layer": by_layer, "local_experts": list(moes[0].local)})}
 
 
 def run_rank(cfg: C.RunConfig, rank: int, world_size: int, init_method: str, local_rank: int = 0,
@@ -142,7 +234,7 @@ def run_rank(cfg: C.RunConfig, rank: int, world_size: int, init_method: str, loc
         mesh = build_mesh(cfg, comm, reorder=faults.reorder_groups())
         if cfg.trace:
             sampler = Sampler(rec, local_rank, announce=(rank == 0)).start()
-        train_dp(cfg, comm, mesh, rec, faults, progress, dump_grads)
+        train(cfg, comm, mesh, rec, faults, progress, dump_grads)
         rec.context.step = -1
         comm.barrier(world)   # nobody tears down while a peer still sends
     except CommTimeoutError as exc:
