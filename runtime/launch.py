@@ -65,6 +65,7 @@ def _child(cfg: C.RunConfig, rank: int, world_size: int, init_method: str, progr
         # Keep this process (and its sockets) alive until the launcher releases
         # it: exiting now would hand every peer a "Connection closed by peer"
         # error instead of letting each one hit, and record, its own timeout.
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)   # stacks were dumped at the failure
         lingering[rank] = 1
         release.wait(cfg.timeout_s + GRACE_S)
     os._exit(code)
@@ -181,6 +182,10 @@ def launch(cfg: C.RunConfig, dump_grads: str = "", quiet: bool = False) -> tuple
     except KeyboardInterrupt:
         end_reason = "interrupted"
     finally:
+        release.set()   # failed ranks waiting for their peers may exit now, with their own code
+        for i, p in enumerate(procs):
+            if lingering[i] and p.exitcode is None:
+                p.join(timeout=2)
         stopped = _stop_all(procs)
         try:
             for name in os.listdir(store_dir):

@@ -73,6 +73,7 @@ class _Stream:
         self.rows: collections.deque[tuple[Any, ...]] = collections.deque()
         self._file = open(path, "wb")
         self._writer = pa.ipc.new_stream(self._file, schema)
+        self._file.flush()  # the schema message on disk at once: an empty but valid stream
         self.written = 0
 
     def drain(self) -> int:
@@ -94,6 +95,15 @@ class _Stream:
         self._file.close()
 
 
+def warm_pyarrow() -> None:
+    """The first `pa.array` call of a process imports pandas (pyarrow checks for
+    pandas objects), which costs 1-2 s on this machine. Pay it up front: else
+    the flusher's first batch lands seconds late, and a rank that dies early
+    leaves an empty log. The launcher calls this before forking, so ranks
+    inherit a warm interpreter."""
+    pa.array([0], type=pa.int64())
+
+
 class Recorder:
     """Writes one rank's trace directory. Thread-safe for the calls it exposes."""
 
@@ -105,6 +115,7 @@ class Recorder:
         self.world_size = world_size
         self.dir = Path(run_dir) / S.rank_dir_name(rank)
         self.dir.mkdir(parents=True, exist_ok=True)
+        warm_pyarrow()
         self.context = Context()
         self.meta: dict[str, Any] = {
             "schema": S.SCHEMA_VERSION, "rank": rank, "world_size": world_size,

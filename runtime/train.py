@@ -74,6 +74,8 @@ def warm_imports() -> None:
     otherwise import or load on its own: constructing a torch optimizer imports
     torch._dynamo (~3 s on this machine), and the corpus is read from disk."""
     import torch._dynamo  # noqa: F401  (imported lazily by torch.optim)
+    from .recorder import warm_pyarrow
+    warm_pyarrow()
     from .data import corpus
     corpus()
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
