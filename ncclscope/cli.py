@@ -20,11 +20,37 @@ from .findings import Finding
 EXIT_OK, EXIT_PROBLEMS, EXIT_UNREADABLE = 0, 1, 2
 
 
-def _analysis(trace: Any) -> tuple[str, list[Finding]]:
-    """Run every diagnosis on a loaded trace: (verdict line, findings)."""
+_PERF_PREFIX = {
+    "grad_divergence": "DIVERGED", "nan": "NAN", "straggler": "STRAGGLER", "pipeline_bubble": "SLOW PIPELINE",
+    "stage_imbalance": "SLOW PIPELINE", "slow_collective": "SLOW COLLECTIVE", "expert_imbalance": "MOE IMBALANCE",
+    "grad_spike": "GRAD SPIKE",
+}
+
+
+def run_analyses(trace: Any) -> tuple[str, list[Finding], Any, Any]:
+    """Every analysis on a loaded trace: (verdict, findings, diagnosis, perf).
+
+    The hang diagnosis speaks first; when it finds nothing, the most severe
+    performance or divergence finding makes the verdict line."""
     from .analysis.diagnose import diagnose
-    result = diagnose(trace)
-    return result.verdict, result.findings
+    from .analysis.performance import analyze_performance
+    from .findings import sort_findings
+    diagnosis = diagnose(trace)
+    perf = analyze_performance(trace)
+    seen = {(f.kind, f.title) for f in diagnosis.findings}
+    findings = sort_findings(list(diagnosis.findings) + [f for f in perf.findings if (f.kind, f.title) not in seen])
+    verdict = diagnosis.verdict
+    if diagnosis.ok:
+        serious = [f for f in perf.findings if f.severity in ("error", "warning")]
+        if serious:
+            top = sort_findings(serious)[0]
+            verdict = f"{_PERF_PREFIX.get(top.kind, top.kind.upper())}: {top.title}"
+    return verdict, findings, diagnosis, perf
+
+
+def _analysis(trace: Any) -> tuple[str, list[Finding]]:
+    verdict, findings, _, _ = run_analyses(trace)
+    return verdict, findings
 
 
 def _print_report(trace: Any, verdict: str, findings: list[Finding], out: Any = sys.stdout) -> None:
@@ -112,6 +138,30 @@ def cmd_train(ns: argparse.Namespace) -> int:
     return EXIT_PROBLEMS if problems else EXIT_OK
 
 
+def cmd_report(ns: argparse.Namespace) -> int:
+    from .report.html import write_report
+    from .trace import TraceError, load
+    try:
+        trace = load(ns.run)
+    except TraceError as exc:
+        print(f"ncclscope: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    out = ns.output or "report.html"   # never inside the run directory: it is the user's evidence
+    verdict, findings, diagnosis, perf = run_analyses(trace)
+    stats = write_report(trace, out, diagnosis=diagnosis, perf=perf)
+    print(verdict)
+    print(f"ncclscope report: wrote {stats['path']} ({stats['bytes'] / 1e6:.1f} MB, {len(stats['sections'])} sections, "
+          f"{stats['findings']} findings) in {stats['seconds']:.1f} s", file=sys.stderr)
+    if stats.get("over_budget"):
+        print("ncclscope report: the file is over its size budget; large sections were sampled", file=sys.stderr)
+    return EXIT_PROBLEMS if any(f.severity in ("error", "warning") for f in findings) else EXIT_OK
+
+
+def cmd_demo(ns: argparse.Namespace) -> int:
+    from .demo import run_demo
+    return run_demo(ns.out, quick=ns.quick)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ncclscope", description="Debugger and trace analyzer for distributed training.")
     p.add_argument("--version", action="version", version=f"ncclscope {__version__}")
@@ -127,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("run", help="run directory (holds run.json and rank-NNNNN/)")
     a.add_argument("--json", action="store_true", help="machine-readable output")
     a.set_defaults(func=cmd_analyze)
+
+    r = sub.add_parser("report", help="write a self-contained HTML report (bubbles, stragglers, divergence, ...)")
+    r.add_argument("run", help="run directory")
+    r.add_argument("-o", "--output", default="", help="output HTML file (default: report.html)")
+    r.set_defaults(func=cmd_report)
+
+    d = sub.add_parser("demo", help="a short tour of real multi-rank jobs with injected faults")
+    d.add_argument("--out", default="", help="directory for the tour's runs and reports (default runs/demo-TIME)")
+    d.add_argument("--quick", action="store_true", help="a reduced tour (two jobs)")
+    d.set_defaults(func=cmd_demo)
     return p
 
 
