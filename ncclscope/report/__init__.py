@@ -1,1 +1,8 @@
-"""Plotly HTML report: presents what the analyses return."""
+"""Plotly HTML report: presents what the analyses return.
+
+    from ncclscope.report import write_report
+    stats = write_report(trace, "report.html")     # diagnosis and perf computed if not given
+"""
+from .html import write_report
+
+__all__ = ["write_report"]

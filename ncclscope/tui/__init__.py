@@ -1,1 +1,13 @@
-"""Textual TUI for post-mortem of hung jobs and following live ones."""
+"""Textual TUI for post-mortem of hung jobs and following live ones (`ncclscope tui RUN [--follow]`).
+
+Importing this package does not import Textual: the CLI calls `run_tui`, which does.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def run_tui(path: str | Path, follow: bool = False, poll_s: float = 1.0) -> int:
+    """Open the TUI on a run directory; returns the process exit code (2: not a run directory)."""
+    from .app import run_tui as _run_tui
+    return _run_tui(path, follow=follow, poll_s=poll_s)
