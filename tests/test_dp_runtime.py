@@ -63,3 +63,29 @@ def test_skipped_collective_times_out_and_job_ends(tmp_path: Path, cli) -> None:
         stacks = (out / f"rank-{rank:05d}" / "stacks.txt").read_text()
         assert "timed out" in stacks and "File " in stacks
     assert run["ranks"]["0"]["exitcode"] == 3          # EXIT_TIMEOUT
+
+
+def test_entry_point_runs_unchanged_under_torchrun(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "ncclscope.runtime.train", "--dp", "2", "--steps", "2", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(),
+                            start_new_session=True)
+    try:
+        text, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        pytest.fail("torchrun did not finish in 120 s")
+    assert proc.returncode == 0, text
+    run = json.loads((out / "run.json").read_text())
+    assert run["launcher"] == "torchrun" and run["world_size"] == 2
+    trace = load(out)
+    assert trace.warnings == []
+    assert all(info.state == "finished" for info in trace.ranks.values())
+    assert sorted(trace.metrics["step"].unique()) == [0, 1]
