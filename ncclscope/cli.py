@@ -162,6 +162,11 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     return run_demo(ns.out, quick=ns.quick)
 
 
+def cmd_tui(ns: argparse.Namespace) -> int:
+    from .tui import run_tui
+    return int(run_tui(ns.run, follow=ns.follow, poll_s=ns.poll_s) or 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ncclscope", description="Debugger and trace analyzer for distributed training.")
     p.add_argument("--version", action="version", version=f"ncclscope {__version__}")
@@ -182,6 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("run", help="run directory")
     r.add_argument("-o", "--output", default="", help="output HTML file (default: report.html)")
     r.set_defaults(func=cmd_report)
+
+    u = sub.add_parser("tui", help="terminal UI: verdict, rank grid, stacks, collectives, timeline")
+    u.add_argument("run", help="run directory")
+    u.add_argument("--follow", action="store_true", help="follow a job that is still writing its run directory")
+    u.add_argument("--poll-s", type=float, default=1.0, help=argparse.SUPPRESS)
+    u.set_defaults(func=cmd_tui)
 
     d = sub.add_parser("demo", help="a short tour of real multi-rank jobs with injected faults")
     d.add_argument("--out", default="", help="directory for the tour's runs and reports (default runs/demo-TIME)")

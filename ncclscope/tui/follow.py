@@ -1,0 +1,252 @@
+"""Incremental reading of a run directory that a live job is still writing (`--follow`).
+
+The trace files are Arrow IPC *streams* appended batch by batch (no footer),
+so following one is: remember how many bytes were consumed, read what was
+appended since, and parse it message by message. A batch the writer has only
+half written (a torn tail, now or forever if the rank died mid-write) fails to
+parse for lack of bytes; its bytes are left unconsumed and retried on the next
+poll, so it appears once complete and never as garbage. Nothing already read
+is read again; rank.json, stacks.txt and run.json are small and re-read only
+when their size or mtime changes.
+
+    f = Follower("runs/live")
+    while True:
+        if f.poll():
+            trace = f.trace()          # a ncclscope.trace.Trace, like trace.load()
+        time.sleep(1)
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.ipc
+
+from .. import schema as S
+from ..trace import RankInfo, Trace, _conform, _force_rank, assemble
+
+Progress = Callable[[int, int], None]
+_PARSE_ERRORS = (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError)
+
+
+class StreamTail:
+    """One append-only Arrow IPC stream, read from where the last poll stopped."""
+
+    def __init__(self, path: Path, schema: pa.Schema) -> None:
+        self.path = path
+        self.schema = schema                  # what the analyzer wants (files are conformed to it)
+        self._reset()
+
+    def _reset(self) -> None:
+        self.pos = 0                          # bytes consumed: always at a message boundary
+        self.pending = 0                      # bytes after pos that do not yet parse (torn tail)
+        self.file_schema: pa.Schema | None = None
+        self.ended = False                    # end-of-stream marker seen: the writer closed it
+        self.error = ""
+        self._tables: list[pa.Table] = []
+        self._cached: pa.Table | None = None
+        self.rows = 0
+
+    def poll(self) -> int:
+        """Read complete batches appended since the last call; return how many rows they hold."""
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return 0
+        if size < self.pos:                   # recreated file (a restarted rank): start over
+            self._reset()
+        if size == self.pos or self.ended or self.error:
+            self.pending = size - self.pos
+            return 0
+        with open(self.path, "rb") as fh:
+            fh.seek(self.pos)
+            data = fh.read(size - self.pos)
+        reader = pa.BufferReader(pa.py_buffer(data))
+        consumed, batches = 0, []
+        while consumed < len(data):
+            try:
+                msg = pa.ipc.read_message(reader)
+            except EOFError:                  # the 8-byte end-of-stream marker
+                self.ended, consumed = True, len(data)
+                break
+            except _PARSE_ERRORS:             # incomplete message: wait for the rest
+                break
+            if msg is None:
+                break
+            if msg.type == "schema":
+                self.file_schema = pa.ipc.read_schema(msg)
+                version = (self.file_schema.metadata or {}).get(b"ncclscope_schema", b"").decode(errors="replace")
+                if version and S.major(version) != S.major(S.SCHEMA_VERSION):
+                    self.error = f"schema version {version}, this reader understands {S.SCHEMA_VERSION}"
+                    break
+            elif msg.type == "record batch" and self.file_schema is not None:
+                batches.append(pa.ipc.read_record_batch(msg, self.file_schema))
+            consumed = reader.tell()
+        self.pos += consumed
+        self.pending = size - self.pos
+        n = sum(len(b) for b in batches)
+        if batches:
+            self._tables.append(pa.Table.from_batches(batches, schema=self.file_schema))
+            if len(self._tables) > 32:        # keep the chunk count bounded on long follows
+                self._tables = [pa.concat_tables(self._tables).combine_chunks()]
+            self._cached = None
+            self.rows += n
+        return n
+
+    def table(self, warnings: list[str]) -> pa.Table:
+        """Everything read so far, conformed to the analyzer's schema."""
+        if self._cached is None:
+            raw = pa.concat_tables(self._tables) if self._tables else (
+                self.file_schema or self.schema).empty_table()
+            self._cached = _conform(raw, self.schema, self.path, warnings)
+        return self._cached
+
+
+@dataclass
+class _Rank:
+    dir: Path
+    tails: dict[str, StreamTail]
+    meta: dict[str, Any] = field(default_factory=dict)
+    meta_sig: tuple[int, int] = (-1, -1)
+    stacks: str = ""
+    stacks_size: int = -1
+
+
+def _sig(path: Path) -> tuple[int, int]:
+    try:
+        st = path.stat()
+        return st.st_mtime_ns, st.st_size
+    except OSError:
+        return (-1, -1)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(errors="replace"))
+    except (OSError, ValueError):
+        return None                           # mid-rename or half written: keep the old one
+    return data if isinstance(data, dict) else None
+
+
+def _int(v: Any, default: int = -1) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return default
+
+
+class Follower:
+    """Follows a run directory; `poll()` says whether anything changed, `trace()` builds the Trace."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.root = Path(path)
+        self.run: dict[str, Any] = {}
+        self._run_sig = (-1, -1)
+        self.ranks: dict[int, _Rank] = {}
+        self._trace: Trace | None = None
+
+    @property
+    def ended(self) -> bool:
+        """The launcher wrote its end reason: nothing more will be appended."""
+        return bool(self.run.get("end_reason"))
+
+    def poll(self, progress: Progress | None = None) -> bool:
+        changed = False
+        sig = _sig(self.root / S.RUN_JSON)
+        if sig != self._run_sig:
+            data = _read_json(self.root / S.RUN_JSON)
+            if data is not None:
+                self.run, self._run_sig, changed = data, sig, True
+        try:
+            entries = [e for e in os.scandir(self.root) if e.name.startswith("rank-") and e.is_dir()]
+        except OSError:
+            entries = []
+        for e in entries:
+            r = _int(e.name[5:])
+            if r >= 0 and r not in self.ranks:
+                d = Path(e.path)
+                self.ranks[r] = _Rank(dir=d, tails={
+                    name: StreamTail(d / name, schema) for name, schema in S.TABLE_SCHEMAS.items()})
+                changed = True
+        total = len(self.ranks)
+        for i, (r, rk) in enumerate(sorted(self.ranks.items())):
+            sig = _sig(rk.dir / S.RANK_JSON)
+            if sig != rk.meta_sig:
+                data = _read_json(rk.dir / S.RANK_JSON)
+                if data is not None:
+                    rk.meta, rk.meta_sig, changed = data, sig, True
+            size = _sig(rk.dir / S.STACKS_FILE)[1]
+            if size != rk.stacks_size:
+                rk.stacks_size = size
+                rk.stacks = (rk.dir / S.STACKS_FILE).read_text(errors="replace") if size >= 0 else ""
+                changed = True
+            for tail in rk.tails.values():
+                if tail.poll():
+                    changed = True
+            if progress is not None and (i % 32 == 0 or i == total - 1):
+                progress(i + 1, total)
+        if changed:
+            self._trace = None
+        return changed
+
+    def pending_bytes(self) -> int:
+        """Bytes of batches still being written (torn tails) across all ranks."""
+        return sum(t.pending for rk in self.ranks.values() for t in rk.tails.values())
+
+    def trace(self) -> Trace:
+        """The Trace of everything read so far (cached until the next change)."""
+        if self._trace is not None:
+            return self._trace
+        warnings: list[str] = []
+        world = max([_int(self.run.get("world_size"), 0)] + [_int(rk.meta.get("world_size"), 0)
+                                                             for rk in self.ranks.values()]
+                    + [max(self.ranks, default=-1) + 1])
+        exits = self.run.get("ranks") if isinstance(self.run.get("ranks"), dict) else {}
+        infos: dict[int, RankInfo] = {}
+        events, metrics, samples, groups = [], [], [], []
+        for r, rk in sorted(self.ranks.items()):
+            infos[r] = _rank_info(r, rk.meta)
+            for g in rk.meta.get("groups", []) if isinstance(rk.meta.get("groups"), list) else []:
+                if isinstance(g, dict) and "name" in g:
+                    groups.append({"rank": r, "process_group": str(g["name"]),
+                                   "group_kind": str(g.get("kind", "custom")),
+                                   "ranks": [_int(x) for x in g.get("ranks", []) if isinstance(x, (int, str))],
+                                   "creation_order": _int(g.get("creation_order")),
+                                   "backend": str(g.get("backend", ""))})
+            events.append(_force_rank(rk.tails[S.EVENTS_FILE].table(warnings), r))
+            metrics.append(_force_rank(rk.tails[S.METRICS_FILE].table(warnings), r))
+            samples.append(_force_rank(rk.tails[S.SAMPLES_FILE].table(warnings), r))
+            for name, tail in rk.tails.items():
+                if tail.error:
+                    warnings.append(f"{tail.path}: {tail.error}; skipped")
+                elif tail.pending and self.ended:
+                    warnings.append(f"{tail.path}: torn batch at the end ({tail.pending} bytes); kept the "
+                                    f"{tail.rows} complete rows")
+        for r in range(world):
+            if r not in infos:
+                infos[r] = RankInfo(rank=r, present=False)
+            ex = exits.get(str(r)) if isinstance(exits, dict) else None
+            if isinstance(ex, dict):
+                code = ex.get("exitcode")
+                infos[r].exitcode = code if isinstance(code, int) else None
+                infos[r].signal = str(ex["signal"]) if ex.get("signal") else None
+                infos[r].stopped_by_launcher = bool(ex.get("stopped_by_launcher", False))
+        stacks = {r: rk.stacks for r, rk in self.ranks.items() if rk.stacks_size >= 0}
+        self._trace = assemble(self.root, self.run, world, infos, events, metrics, samples, groups, stacks,
+                               warnings)
+        return self._trace
+
+
+def _rank_info(r: int, meta: dict[str, Any]) -> RankInfo:
+    """RankInfo from rank.json, as `trace.load` builds it."""
+    end = meta.get("end") if isinstance(meta.get("end"), dict) else {}
+    coords = meta.get("coords") if isinstance(meta.get("coords"), dict) else {}
+    return RankInfo(rank=r, present=True, host=str(meta.get("host", "")), pid=_int(meta.get("pid")),
+                    device=str(meta.get("device", "")), clock_offset_ns=_int(meta.get("clock_offset_ns"), 0),
+                    clock_uncertainty_ns=_int(meta.get("clock_uncertainty_ns"), 0),
+                    coords={str(k): _int(v) for k, v in coords.items()},
+                    end_status=str(end.get("status", "")), end_message=str(end.get("message", "")))

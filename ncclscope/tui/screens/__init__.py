@@ -1,0 +1,1 @@
+"""Screens of the ncclscope TUI: each module is a view plus the pure function that builds its data."""

@@ -1,0 +1,133 @@
+"""Metrics: loss and gradient norm per rank over steps, divergence in red.
+
+Replicas (same tp / pp / ep position, different dp) must agree on the
+parameter checksum and the reduced gradient norm after every step; one that
+does not has silently diverged (a skipped all-reduce, a NaN, a desynchronised
+optimizer). Which rank and step deviate is the divergence analysis's answer
+(`analysis.performance`); this screen only draws it: sparklines share one
+scale across ranks so the odd one out is visible, deviating steps in red.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import DataTable, Static
+
+from .. import model as M
+from ...trace import Trace
+from ..widgets.plots import sparkline
+
+SPARK_W = 16
+
+
+def flagged(perf: Any) -> pd.DataFrame:
+    """(rank, step, metric, value, reference) flagged by the divergence analysis: replica deviations and
+    the first non-finite values. Empty when the performance analyses have not run (yet)."""
+    div = getattr(perf, "divergence", None)
+    frames = []
+    for name in ("deviations", "nonfinite"):
+        t = getattr(div, name, None)
+        if isinstance(t, pd.DataFrame) and len(t) and {"rank", "step"} <= set(t.columns):
+            frames.append(t.reindex(columns=["rank", "step", "metric", "value", "reference"]))
+    if not frames:
+        return pd.DataFrame(columns=["rank", "step", "metric", "value", "reference"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def build_metrics(trace: Trace, perf: Any = None) -> M.MetricsModel:
+    """Per-rank loss / local grad norm series; divergence from `perf` (analysis.performance)."""
+    m = trace.metrics
+    ranks = sorted(trace.ranks)
+    if not len(m):
+        return M.MetricsModel(steps=[], rows=[], loss_range=(0, 1), gnorm_range=(0, 1),
+                              notes=["no metrics recorded yet (one row per rank per finished step)"])
+    steps = sorted(int(s) for s in m["step"].unique())
+
+    def pivot(col: str) -> np.ndarray:
+        t = m.pivot_table(index="rank", columns="step", values=col, aggfunc="last", dropna=False)
+        return t.reindex(index=ranks, columns=steps).to_numpy(dtype=float)
+
+    la, ga = pivot("loss"), pivot("grad_norm_local")
+    div = flagged(perf)
+    bad_by_rank = div.groupby("rank")["step"].agg(lambda s: sorted(set(int(x) for x in s))).to_dict()
+
+    def rng(a: np.ndarray) -> tuple[float, float]:
+        f = a[np.isfinite(a)]
+        return (float(f.min()), float(f.max())) if len(f) else (0.0, 1.0)
+
+    deg = M.degrees(trace.run, trace.ranks)
+    keys = [k for k in M.MESH_KEYS if deg[k] > 1]
+    rows = []
+    for i, r in enumerate(ranks):      # one row per rank: display objects only
+        c = M.coords_of(r, trace.ranks.get(r), deg)
+        fl, fg = la[i][np.isfinite(la[i])], ga[i][np.isfinite(ga[i])]
+        rows.append(M.MetricRow(rank=r, label=f"{r} " + "".join(f"{k}{c[k]}" for k in keys[:2]), loss=la[i],
+                                gnorm=ga[i], bad_steps=bad_by_rank.get(r, []),
+                                last_loss=float(fl[-1]) if len(fl) else float("nan"),
+                                last_gnorm=float(fg[-1]) if len(fg) else float("nan")))
+    found = getattr(getattr(perf, "divergence", None), "findings", None) or []
+    notes = [f.title for f in found]
+    if perf is None:
+        notes = ["divergence: waiting for the performance analyses"]
+    return M.MetricsModel(steps=steps, rows=rows, loss_range=rng(la), gnorm_range=rng(ga),
+                          notes=notes or ["replicas agree on parameter checksum and global grad norm"])
+
+
+class MetricsView(Vertical):
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.model: M.MetricsModel | None = None
+        self._filter = ""
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="mx-head")
+        yield DataTable(id="mx-table", cursor_type="row")
+
+    def show(self, trace: Trace, perf: Any = None) -> None:
+        self.model = build_metrics(trace, perf)
+        mm = self.model
+        head = Text()
+        diverged = any(r.bad_steps for r in mm.rows)
+        for note in mm.notes[:3]:
+            head.append(("⚠ " if diverged else "") + note + "\n", style="bold red" if diverged else "green")
+        if mm.steps:
+            head.append(f"steps {mm.steps[0]}–{mm.steps[-1]} · loss {mm.loss_range[0]:.4g}–{mm.loss_range[1]:.4g}"
+                        f" · grad norm {mm.gnorm_range[0]:.4g}–{mm.gnorm_range[1]:.4g} (shared scale)",
+                        style="dim")
+        self.query_one("#mx-head", Static).update(head)
+        self._fill()
+
+    def _fill(self) -> None:
+        mm = self.model
+        table = self.query_one("#mx-table", DataTable)
+        table.clear(columns=True)
+        if mm is None:
+            return
+        for label, w in (("rank", 8), ("loss", SPARK_W), ("last", 8), ("grad norm", SPARK_W), ("last", 8),
+                         ("diverges at", 12)):
+            table.add_column(label, width=w)
+        steps = np.array(mm.steps)
+        for row in mm.rows:
+            if self._filter and self._filter not in row.label.lower() and self._filter != str(row.rank):
+                continue
+            bad = np.isin(steps, row.bad_steps)
+            style = "bold red" if row.bad_steps else ""
+            table.add_row(Text(row.label, style=style),
+                          sparkline(row.loss, *mm.loss_range, width=SPARK_W, bad=bad, style="cyan"),
+                          _num(row.last_loss),
+                          sparkline(row.gnorm, *mm.gnorm_range, width=SPARK_W, bad=bad, style="bright_blue"),
+                          _num(row.last_gnorm),
+                          Text(",".join(map(str, row.bad_steps[:4])) or "-", style=style))
+
+    def set_filter(self, text: str) -> None:
+        self._filter = text.strip().lower()
+        self._fill()
+
+
+def _num(v: float) -> str:
+    return f"{v:.4g}" if np.isfinite(v) else ("-" if np.isnan(v) else str(v))

@@ -1,0 +1,1 @@
+"""Reusable widgets and text plots of the ncclscope TUI."""
