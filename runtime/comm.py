@@ -50,6 +50,9 @@ _all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather
 _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+_TIMEDELTAS: dict[float, _dt.timedelta] = {}
+
+
 class CommError(RuntimeError):
     """A wrapped op failed (not by timeout): peer died, group dead, bad call."""
 
@@ -101,29 +104,40 @@ def _short_path(filename: str) -> str:
         return filename
 
 
+_SITES: dict[tuple[str, int], str] = {}
+
+
 def call_site() -> str:
-    """file:line of the first caller outside this module (cheap: a few frames)."""
+    """file:line of the first caller outside this module (cheap: a few frames,
+    and the formatted string is cached per call site)."""
     f: Any = sys._getframe(1)
     while f is not None and f.f_code.co_filename == _THIS_FILE:
         f = f.f_back
     if f is None:
         return ""
-    return f"{_short_path(f.f_code.co_filename)}:{f.f_lineno}"
+    key = (f.f_code.co_filename, f.f_lineno)
+    site = _SITES.get(key)
+    if site is None:
+        site = _SITES[key] = f"{_short_path(key[0])}:{key[1]}"
+    return site
 
 
-def _shape(t: torch.Tensor) -> str:
-    """Shapes as Flight Recorder writes input_sizes: a JSON list of shapes."""
-    return "[" + str(list(t.shape)) + "]"
+_META: dict[tuple[Any, Any], tuple[str, str, int]] = {}
 
 
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
+def _meta(t: torch.Tensor) -> tuple[str, str, int]:
+    """(input_sizes, input_dtypes, bytes) of a tensor, cached per (shape, dtype):
+    the same few shapes recur every step, and formatting them is the costliest
+    part of a begin row."""
+    key = (t.shape, t.dtype)
+    meta = _META.get(key)
+    if meta is None:
+        meta = _META[key] = ("[" + str(list(t.shape)) + "]", str(t.dtype).replace("torch.", ""),
+                             t.numel() * t.element_size())
+    return meta
 
 
-def _dtype(t: torch.Tensor) -> str:
-    name = _DTYPE_NAMES.get(t.dtype)
-    if name is None:
-        name = _DTYPE_NAMES[t.dtype] = str(t.dtype).replace("torch.", "")
-    return name
+_NO_TENSOR = ("[]", "", 0)
 
 
 class Handle:
@@ -187,19 +201,21 @@ class Comm:
             cseq = self._seq.get(group.name, 0) + 1
             self._seq[group.name] = cseq
             seq = -1
+        sizes, dtype, nbytes = _meta(t) if t is not None else _NO_TENSOR
         op_id = self.rec.begin(
-            kind, op, group=group.name, seq=cseq, p2p_seq=seq, peer=peer, tag=tag,
-            nbytes=t.nbytes if t is not None else 0, dtype=_dtype(t) if t is not None else "",
-            sizes=_shape(t) if t is not None else "[]", reduce_op=reduce_op,
-            timeout_ms=int(timeout_s * 1000), call_site=call_site(),
+            kind, op, group=group.name, seq=cseq, p2p_seq=seq, peer=peer, tag=tag, nbytes=nbytes, dtype=dtype,
+            sizes=sizes, reduce_op=reduce_op, timeout_ms=int(timeout_s * 1000), call_site=call_site(),
         )
         return op_id, cseq if cseq >= 0 else seq
 
     def _finish(self, work: Any, op_id: int, desc: tuple[str, Group, int, int], timeout_s: float) -> None:
         op, group, seq, peer = desc
         t0 = time.monotonic()
+        td = _TIMEDELTAS.get(timeout_s)
+        if td is None:
+            td = _TIMEDELTAS[timeout_s] = _dt.timedelta(seconds=timeout_s)
         try:
-            ok = work.wait(timeout=_dt.timedelta(seconds=timeout_s))
+            ok = work.wait(timeout=td)
             if ok is False:
                 raise RuntimeError("wait() returned False")
         except RuntimeError as exc:
@@ -235,11 +251,10 @@ class Comm:
             group.dead = f"error issuing {op} #{seq}"
             self.rec.flush()
             raise CommError(msg) from exc
-        handle = Handle(self, work, op_id, (op, group, seq, peer), timeout)
         if wait:
-            handle.wait()
+            self._finish(work, op_id, (op, group, seq, peer), timeout)
             return None
-        return handle
+        return Handle(self, work, op_id, (op, group, seq, peer), timeout)
 
     def _tamper(self, op: str, group: Group, t: torch.Tensor | None) -> tuple[Group, torch.Tensor | None, str, bool]:
         """Let a fault drill skip, redirect or distort this call (no-op without drills)."""
