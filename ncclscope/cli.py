@@ -2,6 +2,10 @@
 
     ncclscope train --dp 4 --steps 5 --out runs/a     run a traced job (imports torch)
     ncclscope analyze runs/a [--json]                  verdict, findings, per-rank summary
+    ncclscope report runs/a -o a.html                  self-contained HTML report
+    ncclscope tui runs/a [--follow]                    terminal UI for post-mortems
+    ncclscope export runs/a --perfetto a.json          Perfetto / Parquet export
+    ncclscope demo                                     a tour of real jobs with injected faults
 
 Exit codes of `analyze`: 0 nothing wrong found, 1 problems found, 2 input
 unreadable. `train` returns 0 when the job completed and nothing is wrong, 1
@@ -94,9 +98,10 @@ def _json_report(trace: Any, verdict: str, findings: list[Finding]) -> dict[str,
 
 
 def cmd_analyze(ns: argparse.Namespace) -> int:
-    from .trace import TraceError, load
+    from .ingest import load_any
+    from .trace import TraceError
     try:
-        trace = load(ns.run)
+        trace = load_any(ns.run)
     except TraceError as exc:
         print(f"ncclscope: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
@@ -139,10 +144,11 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
+    from .ingest import load_any
     from .report.html import write_report
-    from .trace import TraceError, load
+    from .trace import TraceError
     try:
-        trace = load(ns.run)
+        trace = load_any(ns.run)
     except TraceError as exc:
         print(f"ncclscope: {exc}", file=sys.stderr)
         return EXIT_UNREADABLE
@@ -162,6 +168,29 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     return run_demo(ns.out, quick=ns.quick)
 
 
+def cmd_export(ns: argparse.Namespace) -> int:
+    from .export import export_parquet, export_perfetto
+    from .ingest import load_any
+    from .trace import TraceError
+    if not ns.perfetto and not ns.parquet:
+        print("ncclscope export: give --perfetto OUT.json and/or --parquet DIR", file=sys.stderr)
+        return EXIT_UNREADABLE
+    try:
+        trace = load_any(ns.run)
+    except TraceError as exc:
+        print(f"ncclscope: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    for w in trace.warnings[:20]:
+        print(f"ncclscope: warning: {w}", file=sys.stderr)
+    if ns.perfetto:
+        stats = export_perfetto(trace, ns.perfetto)
+        print(f"ncclscope export: wrote {ns.perfetto}: {json.dumps(stats, default=str)}")
+    if ns.parquet:
+        stats = export_parquet(trace, ns.parquet)
+        print(f"ncclscope export: wrote {ns.parquet}/: {json.dumps(stats, default=str)}")
+    return EXIT_OK
+
+
 def cmd_tui(ns: argparse.Namespace) -> int:
     from .tui import run_tui
     return int(run_tui(ns.run, follow=ns.follow, poll_s=ns.poll_s) or 0)
@@ -179,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
 
     a = sub.add_parser("analyze", help="diagnose a run directory: verdict, findings, per-rank summary")
-    a.add_argument("run", help="run directory (holds run.json and rank-NNNNN/)")
+    a.add_argument("run", help="run directory (holds run.json and rank-NNNNN/), or a directory of Flight "
+                   "Recorder dumps or PyTorch profiler traces (detected by content)")
     a.add_argument("--json", action="store_true", help="machine-readable output")
     a.set_defaults(func=cmd_analyze)
 
@@ -187,6 +217,12 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("run", help="run directory")
     r.add_argument("-o", "--output", default="", help="output HTML file (default: report.html)")
     r.set_defaults(func=cmd_report)
+
+    e = sub.add_parser("export", help="export a trace to Perfetto (trace-event JSON) and/or Parquet")
+    e.add_argument("run", help="run directory, Flight Recorder dump directory or profiler trace directory")
+    e.add_argument("--perfetto", default="", metavar="OUT.json", help="Chrome/Perfetto trace-event JSON")
+    e.add_argument("--parquet", default="", metavar="DIR", help="Parquet dataset partitioned by rank")
+    e.set_defaults(func=cmd_export)
 
     u = sub.add_parser("tui", help="terminal UI: verdict, rank grid, stacks, collectives, timeline")
     u.add_argument("run", help="run directory")

@@ -177,9 +177,12 @@ def train(cfg: C.RunConfig, comm: Comm, mesh: Any, rec: Any, faults: FaultPlan, 
         if slow > 1:
             with rec.span("forward", message=f"slowed x{slow:g}"):
                 time.sleep((slow - 1) * compute_s)
-        local_norm = math.sqrt(grad_norm_sq(params))
-        if faults.take("nan"):
+        if faults.take("nan"):   # as if backward had produced it on this rank
             params[0].grad.view(-1)[0] = float("nan")
+        local_norm = math.sqrt(grad_norm_sq(params))
+        if not math.isfinite(local_norm):
+            # said at the origin, before the reduction spreads it to every replica
+            rec.instant(S.KIND_MARKER, "nonfinite", message=f"local gradient norm {local_norm} before reduction")
         loss_avg = dpar.reduce(loss_sum.reshape(1), keep_local=faults.take("desync_grad"))
         global_norm = dpar.global_norm()
         loss = float(loss_avg[0]) if is_last else float("nan")

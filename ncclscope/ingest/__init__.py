@@ -10,6 +10,7 @@ dict of columns into an Arrow table in `schema.EVENTS_SCHEMA`.
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, Iterable, Mapping
 
@@ -19,7 +20,7 @@ import pyarrow as pa
 from .. import schema as S
 
 __all__ = ["load_any", "normalize_dtype", "dtype_itemsize", "normalize_op", "group_kind", "GroupNamer",
-           "events_table"]
+           "events_table", "coded", "parse_ranks"]
 
 
 def load_any(path: Any) -> Any:
@@ -59,7 +60,12 @@ _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8
 
 def normalize_dtype(name: Any) -> str:
     """"Float" / "float" / "f32" / "c10::BFloat16" -> "float32" / "bfloat16"; unknown names pass through."""
-    text = str(name or "").strip()
+    return _normalize_dtype(name if isinstance(name, str) else str(name or ""))
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalize_dtype(name: str) -> str:
+    text = name.strip()
     return _DTYPES.get(text.lower(), text)
 
 
@@ -98,7 +104,12 @@ P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "sendrecv"})
 def normalize_op(name: Any) -> str:
     """NCCL/gloo/c10d spellings -> the torch API name our runtime writes ("_allgather_base" ->
     "all_gather_into_tensor", "allreduce" -> "all_reduce"); unknown names are lower-cased."""
-    text = str(name or "").strip()
+    return _normalize_op(name if isinstance(name, str) else str(name or ""))
+
+
+@functools.lru_cache(maxsize=4096)
+def _normalize_op(name: str) -> str:
+    text = name.strip()
     if ":" in text:                       # "nccl:all_reduce", "c10d::allreduce_"
         text = text.rsplit(":", 1)[1]
     text = text.split(" ", 1)[0].strip().lower()
@@ -177,6 +188,17 @@ def parse_ranks(value: Any) -> tuple[int, ...] | None:
     """Member ranks as pg_config / profiler args write them ("[0, 1, 2]", a
     list, or a truncated "[0, 1, ..., 63]" which is expanded when it is a
     stride); None when empty or unreadable."""
+    if isinstance(value, str):
+        return _parse_ranks_text(value)
+    return _parse_ranks(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_ranks_text(value: str) -> tuple[int, ...] | None:
+    return _parse_ranks(value)
+
+
+def _parse_ranks(value: Any) -> tuple[int, ...] | None:
     if isinstance(value, (list, tuple)):
         items = list(value)
     else:
@@ -207,13 +229,23 @@ def parse_ranks(value: Any) -> tuple[int, ...] | None:
 # --------------------------------------------------------------------------
 # events table
 # --------------------------------------------------------------------------
+def coded(codes: np.ndarray, table: list[str] | np.ndarray) -> pa.Array:
+    """A string column from integer codes into a small table of distinct values,
+    expanded by Arrow (C++) instead of through a Python object array."""
+    dictionary = pa.array(list(table), type=pa.string())
+    return pa.DictionaryArray.from_arrays(pa.array(np.asarray(codes, dtype=np.int32)), dictionary).dictionary_decode()
+
+
 def events_table(columns: Mapping[str, Any], n: int) -> pa.Table:
     """An Arrow table in EVENTS_SCHEMA with `n` rows from the given columns
-    (arrays, lists or scalars); missing columns get -1 / ""."""
+    (arrays, lists, scalars, or Arrow arrays such as `coded(...)`); missing
+    columns get -1 / ""."""
     arrays = []
     for name, dtype in S.EVENT_FIELDS:
         value = columns.get(name)
-        if pa.types.is_integer(dtype):
+        if isinstance(value, (pa.Array, pa.ChunkedArray)):
+            arrays.append(value.cast(dtype) if value.type != dtype else value)
+        elif pa.types.is_integer(dtype):
             if value is None:
                 arr = np.full(n, -1, dtype=np.int64)
             elif np.ndim(value) == 0:

@@ -1,0 +1,168 @@
+"""Communication statistics: bytes, latency, bandwidth, who talks to whom.
+
+Why: "the all-reduce is slow" means nothing until it is a number next to
+what the link can do. We use the nccl-tests definitions so figures compare
+with what users already measured on their cluster:
+
+    algbw = S / t          S = the operation's buffer size in bytes
+    busbw = algbw * factor all_reduce 2(n-1)/n; all_gather, reduce_scatter,
+                           all_to_all (n-1)/n; broadcast, reduce, send/recv 1
+
+`bytes` in our trace is this rank's input tensor, so S = n * bytes for
+all_gather (its input is one shard of the output) and S = bytes otherwise.
+
+Latency of a collective instance is measured from the *last* arrival to the
+last completion: the time the operation itself took once everyone was there.
+Waiting for a late peer is a straggler (stragglers.py), not a slow link, so
+it must not pollute the bandwidth numbers.
+
+`slow_collective`: an instance whose latency is far above the median of the
+same operation (same op, group kind and size, at least `min_count` of them),
+i.e. off its own baseline.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from ..findings import Evidence, Finding
+from ..trace import Trace
+from .stragglers import collective_instances, group_table
+
+MS = 1e6
+SEND_OPS = ("send", "isend")
+
+
+def bus_factor(op_name: pd.Series, n: pd.Series) -> np.ndarray:
+    """nccl-tests busbw factor for each (op, group size)."""
+    name = op_name.astype(str).str.replace("_into_tensor", "", regex=False).str.replace("_tensor", "", regex=False)
+    n = n.astype("float64").clip(lower=1)
+    return np.select(
+        [name.str.startswith("all_reduce"),
+         name.str.startswith("all_gather") | name.str.startswith("reduce_scatter") | name.str.startswith("all_to_all")],
+        [2 * (n - 1) / n, (n - 1) / n], default=1.0)
+
+
+def size_bytes(op_name: pd.Series, nbytes: pd.Series, n: pd.Series) -> np.ndarray:
+    """The nccl-tests S from our per-rank input bytes."""
+    gather = op_name.astype(str).str.startswith("all_gather").to_numpy()
+    return np.where(gather, nbytes.to_numpy() * n.to_numpy(), nbytes.to_numpy()).astype("float64")
+
+
+@dataclass
+class CommResult:
+    instances: pd.DataFrame = field(default_factory=pd.DataFrame)   # one row per collective instance
+    by_op: pd.DataFrame = field(default_factory=pd.DataFrame)       # per op name and process group
+    by_kind: pd.DataFrame = field(default_factory=pd.DataFrame)     # per op name and group kind
+    p2p: pd.DataFrame = field(default_factory=pd.DataFrame)         # src, dst, bytes, count, latency
+    findings: list[Finding] = field(default_factory=list)
+
+
+def _group_kinds(trace: Trace) -> dict[str, str]:
+    g = group_table(trace)
+    return dict(zip(g["process_group"], g["group_kind"]))
+
+
+def _latency_stats(df: pd.DataFrame, keys: list[str], lat: str) -> pd.DataFrame:
+    g = df.groupby(keys, observed=True, sort=True)
+    out = g.agg(count=(lat, "size"), bytes_total=("bytes", "sum"), bytes_median=("bytes", "median"),
+                lat_p50_ms=(lat, "median"), lat_max_ms=(lat, "max"), algbw_gbs=("algbw_gbs", "median"),
+                busbw_gbs=("busbw_gbs", "median"))
+    q = g[lat].quantile([0.9, 0.99]).unstack()
+    out["lat_p90_ms"], out["lat_p99_ms"] = q[0.9], q[0.99]
+    cols = ["count", "bytes_total", "bytes_median", "lat_p50_ms", "lat_p90_ms", "lat_p99_ms", "lat_max_ms",
+            "algbw_gbs", "busbw_gbs"]
+    return out[cols].reset_index()
+
+
+def analyze_comm(trace: Trace, slow_factor: float = 5.0, min_excess_ms: float = 1.0, min_count: int = 5,
+                 instances: pd.DataFrame | None = None) -> CommResult:
+    """`instances` may be passed in from stragglers.collective_instances to avoid recomputing it."""
+    res = CommResult()
+    kinds = _group_kinds(trace)
+    inst = collective_instances(trace)[1] if instances is None else instances
+    if len(inst):
+        inst = inst.copy()
+        inst["group_kind"] = inst["process_group"].map(kinds).fillna("custom")
+        done = inst["complete"] & (inst["op_ns"] >= 0)
+        inst["latency_ms"] = np.where(done, inst["op_ns"] / MS, np.nan)
+        inst["size_bytes"] = size_bytes(inst["op_name"], inst["bytes"], inst["members"])
+        sec = inst["latency_ms"] / 1e3
+        inst["algbw_gbs"] = np.where(sec > 0, inst["size_bytes"] / sec / 1e9, np.nan)
+        inst["busbw_gbs"] = inst["algbw_gbs"] * bus_factor(inst["op_name"], inst["members"])
+        inst.loc[inst["op_name"] == "barrier", ["algbw_gbs", "busbw_gbs"]] = np.nan
+        ok = inst[done]
+        res.by_op = _latency_stats(ok, ["op_name", "group_kind", "process_group"], "latency_ms")
+        res.by_kind = _latency_stats(ok, ["op_name", "group_kind"], "latency_ms")
+        g = ok.groupby(["op_name", "group_kind", "bytes"])["latency_ms"]
+        # a median needs a few instances before anything is "far off" it
+        base = g.transform("median").where(g.transform("size") >= min_count)
+        inst["baseline_ms"] = base.reindex(inst.index)
+        res.instances = inst
+        res.findings += _slow_findings(inst, slow_factor, min_excess_ms)
+    res.p2p = _p2p(trace)
+    if len(res.p2p):
+        p2p_rows = res.p2p.assign(op_name="p2p send", group_kind="p2p", process_group="",
+                                  algbw_gbs=res.p2p["algbw_gbs"], busbw_gbs=res.p2p["algbw_gbs"])
+        extra = _latency_stats(p2p_rows.rename(columns={"lat_ms": "latency_ms"}),
+                               ["op_name", "group_kind"], "latency_ms")
+        res.by_kind = pd.concat([res.by_kind, extra], ignore_index=True) if len(res.by_kind) else extra
+    return res
+
+
+def _p2p(trace: Trace) -> pd.DataFrame:
+    """Per op pairs (src, dst): send matched to its recv by (src, dst, p2p_seq_id).
+
+    Latency = receive completion - send start (what the consumer saw); the
+    matrix sums bytes per (src, dst)."""
+    ops = trace.ops
+    mask = ((ops["kind"] == "p2p") & (ops["peer"] >= 0)).to_numpy()
+    if not mask.any():
+        return pd.DataFrame(columns=["src", "dst", "seq", "bytes", "lat_ms", "algbw_gbs"])
+    p2p = ops.loc[mask, ["rank", "peer", "p2p_seq_id", "bytes", "start_ns", "end_ns", "op_name"]]
+    is_send = p2p["op_name"].isin(SEND_OPS).to_numpy()
+    sends, recvs = p2p[is_send], p2p[~is_send]
+    s = pd.DataFrame({"src": sends["rank"].astype("int64"), "dst": sends["peer"].astype("int64"),
+                      "seq": sends["p2p_seq_id"], "bytes": sends["bytes"], "t0": sends["start_ns"],
+                      "s_end": sends["end_ns"]})
+    r = pd.DataFrame({"src": recvs["peer"].astype("int64"), "dst": recvs["rank"].astype("int64"),
+                      "seq": recvs["p2p_seq_id"], "r_end": recvs["end_ns"]})
+    pairs = s.merge(r, on=["src", "dst", "seq"], how="left")
+    end = pairs["r_end"].where(pairs["r_end"].notna() & (pairs["r_end"] >= 0), pairs["s_end"])
+    lat = (end - pairs["t0"]).where(end >= 0) / MS
+    pairs["lat_ms"] = lat
+    pairs["algbw_gbs"] = np.where(lat > 0, pairs["bytes"] / (lat / 1e3) / 1e9, np.nan)
+    return pairs[["src", "dst", "seq", "bytes", "lat_ms", "algbw_gbs"]].reset_index(drop=True)
+
+
+def p2p_matrix(p2p: pd.DataFrame) -> pd.DataFrame:
+    """(src, dst) -> bytes and message count: the traffic matrix."""
+    if not len(p2p):
+        return pd.DataFrame(columns=["src", "dst", "bytes", "count"])
+    return p2p.groupby(["src", "dst"], as_index=False).agg(bytes=("bytes", "sum"), count=("bytes", "size"))
+
+
+def _slow_findings(inst: pd.DataFrame, factor: float, min_excess_ms: float) -> list[Finding]:
+    slow = inst[(inst["latency_ms"] > factor * inst["baseline_ms"])
+                & (inst["latency_ms"] - inst["baseline_ms"] >= min_excess_ms)]
+    out: list[Finding] = []
+    for (op, kind), sub in slow.groupby(["op_name", "group_kind"], sort=True):
+        same = inst[(inst["op_name"] == op) & (inst["group_kind"] == kind) & inst["latency_ms"].notna()]
+        worst = sub.sort_values("latency_ms", ascending=False)
+        ev = [Evidence(rank=int(x["last_rank"]), note=(
+            f"took {x['latency_ms']:.1f} ms after the last arrival, median {x['baseline_ms']:.2f} ms "
+            f"for {int(x['bytes'])} B (step {int(x['step'])})"),
+            op_name=str(op), process_group=str(x["process_group"]), seq=int(x["collective_seq_id"]),
+            op_id=int(x["last_op_id"]), time_ns=int(x["last_ns"])) for _, x in worst.head(8).iterrows()]
+        top = worst.iloc[0]
+        out.append(Finding(
+            "slow_collective", "warning",
+            f"{len(sub)} of {len(same)} {op} on {kind} groups took over {factor:g}x their median; worst "
+            f"{top['latency_ms']:.1f} ms vs {top['baseline_ms']:.2f} ms ({top['process_group']} "
+            f"#{int(top['collective_seq_id'])}, step {int(top['step'])})",
+            sorted({int(r) for r in worst["last_rank"].head(8)}), ev,
+            {"op_name": str(op), "group_kind": str(kind), "count": int(len(sub)),
+             "worst_ms": float(top["latency_ms"]), "median_ms": float(top["baseline_ms"])}))
+    return out

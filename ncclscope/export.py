@@ -1,0 +1,445 @@
+"""Export a Trace to the tools people already use: Perfetto and Parquet.
+
+    ncclscope export RUN --perfetto run.json     # open in https://ui.perfetto.dev
+    ncclscope export RUN --parquet run_parquet/  # pandas, DuckDB, Polars, Spark
+
+RUN is anything `ingest.load_any` reads (our run directory, Flight Recorder
+dumps, profiler traces, or a dataset this module wrote).
+
+Perfetto (Chrome trace-event JSON, `{"traceEvents": [...], "displayTimeUnit": "ns"}`):
+- one process per rank ("rank 3 @ host"), one track (thread) per kind of
+  activity: "compute", "collective <group>", "p2p <group>", "markers";
+  ops that overlap on one track (async isend/irecv) are spread over extra
+  lanes, because trace viewers draw only properly nested slices;
+- every op is an "X" slice (ts/dur in µs from the trace's first event, the
+  absolute start in otherData.t0_ns) whose args carry group, sequence number,
+  peer, bytes, dtype, step, microbatch, status and call site; an op that never
+  ended is drawn to the end of the trace with status "inflight" and
+  note "never completed";
+- a flow arrow ("s" -> "f", bp "e") from each send to the recv it pairs with,
+  matched by (src, dst, tag, p2p_seq_id) as in analysis/p2p.py;
+- "C" counters for NVML/host samples and per-step metrics, "i" instants for
+  markers (heartbeats are left out: they would bury everything else).
+The JSON is assembled column-wise (strings escaped once per distinct value),
+not one dict per event, so exporting millions of ops takes seconds.
+
+Parquet: one dataset per table (events, ops, metrics, samples, groups), each
+partitioned by rank in hive layout (`ops/rank=3/part-0.parquet`), plus
+`ncclscope_dataset.json` (schema version, run info, ranks, warnings, stacks)
+from which `load_parquet` rebuilds the Trace, so the export round-trips.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from . import schema as S
+from .trace import RankInfo, Trace, TraceError, assemble
+
+DATASET_MARKER = "ncclscope_dataset.json"
+PARQUET_TABLES = ("events", "ops", "metrics", "samples", "groups")
+INFLIGHT_NOTE = "never completed (still in flight when the trace ends)"
+_CHUNK = 200_000
+
+# (samples column, counter name, scale)
+_SAMPLE_COUNTERS = [("gpu_util", "GPU util %", 1.0), ("mem_util", "GPU memory util %", 1.0),
+                    ("mem_used_bytes", "GPU memory used GiB", 1 / 2**30), ("power_w", "power W", 1.0),
+                    ("temperature_c", "temperature C", 1.0), ("cpu_percent", "CPU %", 1.0),
+                    ("rss_bytes", "RSS GiB", 1 / 2**30)]
+_METRIC_COUNTERS = [("loss", "loss"), ("step_time_s", "step time s"), ("grad_norm_global", "grad norm"),
+                    ("memory_bytes", "memory bytes")]
+
+
+# --------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------
+def _plain(s: pd.Series) -> pd.Series:
+    """A string-ish column as plain Python strings ("" for missing)."""
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        cats = np.append(s.cat.categories.astype(str).to_numpy(dtype=object), "")
+        return pd.Series(cats.take(s.cat.codes.to_numpy()), index=s.index, dtype=object)
+    return s.astype(object).where(s.notna(), "").astype(str).astype(object)
+
+
+def _jstr(s: pd.Series) -> pd.Series:
+    """JSON string literals for a column, escaping each distinct value once."""
+    plain = _plain(s)
+    uniq = pd.unique(plain.to_numpy())
+    lut = {u: json.dumps(u) for u in uniq}
+    return plain.map(lut)
+
+
+def _jnum(values: np.ndarray, decimals: int = 3) -> pd.Series:
+    """Numbers as JSON text (finite floats rounded, ints as ints)."""
+    arr = np.asarray(values)
+    if np.issubdtype(arr.dtype, np.integer):
+        return pd.Series(arr.astype(str), dtype=object)
+    arr = np.round(arr.astype(np.float64), decimals)
+    arr = np.where(np.isfinite(arr), arr, 0.0)
+    return pd.Series(arr.astype(str), dtype=object)
+
+
+def _lanes(start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Lane per slice (0, 1, ...) so that slices in one lane never overlap; inputs sorted by start."""
+    n = len(start)
+    lanes = np.zeros(n, np.int64)
+    if n < 2:
+        return lanes
+    run_max = np.maximum.accumulate(end)
+    if not (start[1:] < run_max[:-1]).any():
+        return lanes
+    lane_end: list[int] = []
+    for i in range(n):                      # only for tracks that do overlap (async p2p)
+        for k, e in enumerate(lane_end):
+            if e <= start[i]:
+                lanes[i] = k
+                lane_end[k] = end[i]
+                break
+        else:
+            lanes[i] = len(lane_end)
+            lane_end.append(end[i])
+    return lanes
+
+
+# --------------------------------------------------------------------------
+# Perfetto
+# --------------------------------------------------------------------------
+def export_perfetto(trace: Trace, out_path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Write the trace as Chrome trace-event JSON for the Perfetto UI; returns counts."""
+    out = Path(out_path)
+    ops = trace.ops
+    events = trace.events
+    times = [int(ops["start_ns"].min())] if len(ops) else []
+    if len(trace.samples):
+        times.append(int(trace.samples["time_ns"].min()))
+    if len(trace.metrics):
+        times.append(int(trace.metrics["time_ns"].min()))
+    instants = events[events["phase"] == S.PHASE_INSTANT] if len(events) else events
+    if len(instants):
+        times.append(int(instants["t_ns"].min()))
+    t0 = min(times) if times else 0
+    t_end = max(trace.end_ns, t0)
+    if len(ops):
+        t_end = max(t_end, int(ops["end_ns"].max()))
+
+    chunks: list[str] = []
+    stats = {"path": str(out), "slices": 0, "inflight": 0, "flows": 0, "counters": 0, "instants": 0,
+             "processes": 0, "tracks": 0}
+
+    # ---- slices ------------------------------------------------------------------------
+    track_rows: list[tuple[int, int, str]] = []        # (pid, tid, name)
+    send_side = recv_side = None
+    if len(ops):
+        df = pd.DataFrame({
+            "rank": ops["rank"].to_numpy(np.int64), "kind": _plain(ops["kind"]).to_numpy(),
+            "group": _plain(ops["process_group"]).to_numpy(), "start": ops["start_ns"].to_numpy(np.int64),
+            "end": ops["end_ns"].to_numpy(np.int64), "_pos": np.arange(len(ops)),
+        })
+        inflight = df["end"].to_numpy() < 0
+        df["end"] = np.maximum(np.where(inflight, t_end, df["end"]), df["start"])
+        kind = df["kind"]
+        df["track"] = np.where(kind == S.KIND_COMPUTE, "compute",
+                               np.where(df["group"] != "", kind + " " + df["group"], kind))
+        df = df.sort_values(["rank", "track", "start"], kind="stable").reset_index(drop=True)
+        lane = np.zeros(len(df), np.int64)
+        for idx in df.groupby(["rank", "track"], sort=False).indices.values():
+            lane[idx] = _lanes(df["start"].to_numpy()[idx], df["end"].to_numpy()[idx])
+        df["lane"] = lane
+        tracks = df[["rank", "track", "lane"]].drop_duplicates()
+        order = {"compute": 0, "collective": 1, "p2p": 2}
+        tracks = tracks.assign(_o=tracks["track"].map(lambda t: order.get(t.split(" ", 1)[0], 3)))
+        tracks = tracks.sort_values(["rank", "_o", "track", "lane"])
+        tracks["tid"] = tracks.groupby("rank").cumcount() + 1
+        df = df.merge(tracks[["rank", "track", "lane", "tid"]], on=["rank", "track", "lane"], how="left")
+        for r, tr, ln, tid in tracks[["rank", "track", "lane", "tid"]].itertuples(index=False):
+            track_rows.append((int(r), int(tid), tr + (f" ({ln + 1})" if ln else "")))
+        tids = _tid_lookup(ops, df)
+        chunks.extend(_slice_chunks(ops, t0, t_end, tids))
+        stats["slices"] = int(len(ops))
+        stats["inflight"] = int(inflight.sum())
+        send_side, recv_side = _p2p_pairs(ops, tids, t0, t_end)
+
+    # ---- flows --------------------------------------------------------------------------
+    if send_side is not None and len(send_side):
+        ids = np.arange(1, len(send_side) + 1)
+        s = ('{"ph":"s","cat":"p2p","name":"send->recv","id":' + pd.Series(ids.astype(str), dtype=object)
+             + ',"pid":' + pd.Series(send_side["rank"].astype(str).to_numpy(), dtype=object)
+             + ',"tid":' + pd.Series(send_side["tid"].astype(str).to_numpy(), dtype=object)
+             + ',"ts":' + _jnum(send_side["ts"].to_numpy()) + '}')
+        f = ('{"ph":"f","bp":"e","cat":"p2p","name":"send->recv","id":' + pd.Series(ids.astype(str), dtype=object)
+             + ',"pid":' + pd.Series(recv_side["rank"].astype(str).to_numpy(), dtype=object)
+             + ',"tid":' + pd.Series(recv_side["tid"].astype(str).to_numpy(), dtype=object)
+             + ',"ts":' + _jnum(recv_side["ts"].to_numpy()) + '}')
+        chunks.append(",\n".join(s.tolist()))
+        chunks.append(",\n".join(f.tolist()))
+        stats["flows"] = int(len(ids))
+
+    # ---- instants (markers, not heartbeats) ---------------------------------------------------
+    marks = instants[_plain(instants["op_name"]) != S.HEARTBEAT] if len(instants) else instants
+    marker_tid = {}
+    if len(marks):
+        for r in sorted(set(marks["rank"].astype(int))):
+            tid = 1 + max([t for (p, t, _) in track_rows if p == r], default=0)
+            marker_tid[r] = tid
+            track_rows.append((r, tid, "markers"))
+        tids = marks["rank"].astype(int).map(marker_tid).astype(int)
+        line = ('{"ph":"i","s":"t","pid":' + pd.Series(marks["rank"].astype(int).astype(str).to_numpy(), dtype=object)
+                + ',"tid":' + pd.Series(tids.astype(str).to_numpy(), dtype=object)
+                + ',"ts":' + _jnum((marks["t_ns"].to_numpy(np.int64) - t0) / 1000.0)
+                + ',"name":' + _jstr(marks["op_name"]).reset_index(drop=True)
+                + ',"args":{"message":' + _jstr(marks["message"]).reset_index(drop=True)
+                + ',"step":' + pd.Series(marks["step"].astype(int).astype(str).to_numpy(), dtype=object) + '}}')
+        chunks.append(",\n".join(line.tolist()))
+        stats["instants"] = int(len(marks))
+
+    # ---- counters -----------------------------------------------------------------------------
+    for table, specs in ((trace.samples, [(c, n, k) for c, n, k in _SAMPLE_COUNTERS]),
+                         (trace.metrics, [(c, n, 1.0) for c, n in _METRIC_COUNTERS])):
+        if not len(table):
+            continue
+        for col, name, scale in specs:
+            if col not in table.columns:
+                continue
+            vals = pd.to_numeric(table[col], errors="coerce").to_numpy(np.float64)
+            ok = np.isfinite(vals)
+            if col.endswith("_bytes"):
+                ok &= vals >= 0
+            if not ok.any():
+                continue
+            sub = table[ok]
+            line = ('{"ph":"C","name":' + json.dumps(name) + ',"pid":'
+                    + pd.Series(sub["rank"].astype(int).astype(str).to_numpy(), dtype=object)
+                    + ',"ts":' + _jnum((sub["time_ns"].to_numpy(np.int64) - t0) / 1000.0)
+                    + ',"args":{"value":' + _jnum(vals[ok] * scale, 6) + '}}')
+            chunks.append(",\n".join(line.tolist()))
+            stats["counters"] += int(ok.sum())
+
+    # ---- metadata -----------------------------------------------------------------------------
+    meta = []
+    for r, info in sorted(trace.ranks.items()):
+        label = f"rank {r}" + (f" @ {info.host}" if info.host else "") + ("" if info.present else " (no trace)")
+        meta.append({"ph": "M", "name": "process_name", "pid": int(r), "tid": 0, "args": {"name": label}})
+        meta.append({"ph": "M", "name": "process_sort_index", "pid": int(r), "tid": 0, "args": {"sort_index": int(r)}})
+    for pid, tid, name in track_rows:
+        meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
+        meta.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
+    stats["processes"] = len(trace.ranks)
+    stats["tracks"] = len(track_rows)
+    other = {"generator": "ncclscope", "ncclscope_schema": S.SCHEMA_VERSION, "t0_ns": int(t0),
+             "source": str(trace.run.get("source", "ncclscope")), "path": str(trace.path)}
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write('{"displayTimeUnit":"ns","otherData":' + json.dumps(other) + ',"traceEvents":[\n')
+        fh.write(",\n".join(json.dumps(m, separators=(",", ":")) for m in meta))
+        for c in chunks:
+            if c:
+                fh.write(",\n")
+                fh.write(c)
+        fh.write("\n]}\n")
+    os.replace(tmp, out)
+    stats["events"] = len(meta) + stats["slices"] + 2 * stats["flows"] + stats["instants"] + stats["counters"]
+    stats["bytes"] = out.stat().st_size
+    return stats
+
+
+def _tid_lookup(ops: pd.DataFrame, df: pd.DataFrame) -> np.ndarray:
+    """tid per row of `ops` (df holds the same rows in another order; `_pos` is the row in ops)."""
+    tid = np.zeros(len(ops), np.int64)
+    tid[df["_pos"].to_numpy()] = df["tid"].to_numpy()
+    return tid
+
+
+def _slice_chunks(ops: pd.DataFrame, t0: int, t_end: int, df_tids: np.ndarray) -> list[str]:
+    out = []
+    for lo in range(0, len(ops), _CHUNK):
+        sub = ops.iloc[lo:lo + _CHUNK]
+        tid = df_tids[lo:lo + _CHUNK]
+        start = sub["start_ns"].to_numpy(np.int64)
+        end = sub["end_ns"].to_numpy(np.int64)
+        inflight = end < 0
+        end = np.maximum(np.where(inflight, t_end, end), start)
+        cseq = sub["collective_seq_id"].to_numpy(np.int64)
+        pseq = sub["p2p_seq_id"].to_numpy(np.int64)
+        seq = np.where(cseq >= 0, cseq, pseq)
+        name = _plain(sub["op_name"]).reset_index(drop=True)
+        name = name.where(seq < 0, name + " #" + pd.Series(seq.astype(str), dtype=object))
+        status = _plain(sub["status"]).reset_index(drop=True)
+        note = pd.Series(np.where(inflight, ',"note":' + json.dumps(INFLIGHT_NOTE), ""), dtype=object)
+        msg = _plain(sub["message"]).reset_index(drop=True) if "message" in sub else pd.Series([""] * len(sub))
+        msg_j = pd.Series(np.where(msg.to_numpy() != "", ',"message":' + _jstr(msg).to_numpy().astype(object), ""),
+                          dtype=object)
+
+        def col(c: str) -> pd.Series:
+            return pd.Series(sub[c].to_numpy(np.int64).astype(str), dtype=object)
+
+        line = ('{"ph":"X","pid":' + col("rank") + ',"tid":' + pd.Series(tid.astype(str), dtype=object)
+                + ',"ts":' + _jnum((start - t0) / 1000.0) + ',"dur":' + _jnum((end - start) / 1000.0)
+                + ',"name":' + name.map(json.dumps) + ',"cat":' + _jstr(sub["kind"]).reset_index(drop=True)
+                + ',"args":{"op_id":' + col("op_id")
+                + ',"process_group":' + _jstr(sub["process_group"]).reset_index(drop=True)
+                + ',"collective_seq_id":' + col("collective_seq_id") + ',"p2p_seq_id":' + col("p2p_seq_id")
+                + ',"peer":' + col("peer") + ',"tag":' + col("tag") + ',"bytes":' + col("bytes")
+                + ',"input_dtypes":' + _jstr(sub["input_dtypes"]).reset_index(drop=True)
+                + ',"input_sizes":' + _jstr(sub["input_sizes"]).reset_index(drop=True)
+                + ',"step":' + col("step") + ',"microbatch":' + col("microbatch") + ',"stage":' + col("stage")
+                + ',"status":' + _jstr(status) + note + msg_j
+                + ',"call_site":' + _jstr(sub["call_site"]).reset_index(drop=True) + '}}')
+        out.append(",\n".join(line.tolist()))
+    return out
+
+
+def _p2p_pairs(ops: pd.DataFrame, tids: np.ndarray, t0: int, t_end: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Matched (send, recv) rows with pid/tid/ts for flow events, keyed as analysis/p2p.py keys them."""
+    kind = _plain(ops["kind"]).to_numpy()
+    name = _plain(ops["op_name"]).str.lower().to_numpy()
+    peer = ops["peer"].to_numpy(np.int64)
+    mask = (kind == S.KIND_P2P) & (peer >= 0)
+    if not mask.any():
+        empty = pd.DataFrame(columns=["rank", "tid", "ts"])
+        return empty, empty
+    rank = ops["rank"].to_numpy(np.int64)
+    start = ops["start_ns"].to_numpy(np.int64)
+    end = ops["end_ns"].to_numpy(np.int64)
+    end = np.maximum(np.where(end < 0, t_end, end), start)
+    d = pd.DataFrame({"rank": rank, "peer": peer, "tag": ops["tag"].to_numpy(np.int64),
+                      "seq": ops["p2p_seq_id"].to_numpy(np.int64), "tid": tids, "start": start, "end": end,
+                      "send": np.char.endswith(name.astype(str), "send"),
+                      "recv": np.char.endswith(name.astype(str), "recv")})[mask]
+    sends = d[d["send"]].rename(columns={"rank": "src", "peer": "dst"})
+    recvs = d[d["recv"]].rename(columns={"rank": "dst", "peer": "src"})
+    m = sends.merge(recvs, on=["src", "dst", "tag", "seq"], suffixes=("_s", "_r"))
+    m = m.drop_duplicates(["src", "dst", "tag", "seq"])
+    send_side = pd.DataFrame({"rank": m["src"].to_numpy(), "tid": m["tid_s"].to_numpy(),
+                              "ts": (m["start_s"].to_numpy() - t0) / 1000.0})
+    f_ns = m["start_r"].to_numpy() + (m["end_r"].to_numpy() - m["start_r"].to_numpy()) * 0.999
+    recv_side = pd.DataFrame({"rank": m["dst"].to_numpy(), "tid": m["tid_r"].to_numpy(), "ts": (f_ns - t0) / 1000.0})
+    return send_side, recv_side
+
+
+# --------------------------------------------------------------------------
+# Parquet
+# --------------------------------------------------------------------------
+def _arrow(df: pd.DataFrame) -> pa.Table:
+    """pandas -> Arrow with categoricals decoded to plain strings (every reader takes those)."""
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    cols, fields = [], []
+    for fld, col in zip(table.schema, table.columns):
+        if pa.types.is_dictionary(fld.type):
+            col = pa.chunked_array([c.dictionary_decode() for c in col.chunks], type=fld.type.value_type)
+            fld = pa.field(fld.name, fld.type.value_type)
+        if pa.types.is_large_string(fld.type):
+            col = col.cast(pa.string())
+            fld = pa.field(fld.name, pa.string())
+        if fld.name == "rank":
+            col = col.cast(pa.int32())
+            fld = pa.field("rank", pa.int32())
+        cols.append(col)
+        fields.append(fld)
+    return pa.Table.from_arrays(cols, schema=pa.schema(fields))
+
+
+def export_parquet(trace: Trace, out_dir: str | os.PathLike[str]) -> dict[str, Any]:
+    """Write events, ops, metrics, samples and groups as Parquet datasets
+    partitioned by rank (hive layout) under out_dir; returns row counts."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise TraceError(f"{out}: exists and is not a directory")
+    if out.exists() and any(out.iterdir()) and not (out / DATASET_MARKER).exists():
+        raise TraceError(f"{out}: exists, is not empty and is not an ncclscope dataset; refusing to write into it")
+    out.mkdir(parents=True, exist_ok=True)
+    part = ds.partitioning(pa.schema([("rank", pa.int32())]), flavor="hive")
+    stats: dict[str, Any] = {"path": str(out)}
+    tables = {"events": trace.events, "ops": trace.ops, "metrics": trace.metrics, "samples": trace.samples,
+              "groups": trace.groups}
+    for name, df in tables.items():
+        target = out / name
+        if target.exists():
+            shutil.rmtree(target)
+        table = _arrow(df.reset_index(drop=True))
+        if len(table):
+            ds.write_dataset(table, target, format="parquet", partitioning=part,
+                             basename_template="part-{i}.parquet", existing_data_behavior="overwrite_or_ignore")
+        else:
+            target.mkdir(parents=True)
+            pq.write_table(table, target / "part-0.parquet")
+        stats[name] = int(len(table))
+    meta = {
+        "ncclscope_schema": S.SCHEMA_VERSION, "tables": {k: stats[k] for k in PARQUET_TABLES},
+        "partitioning": "hive, by rank", "source_path": str(trace.path), "world_size": trace.world_size,
+        "run": trace.run, "ranks": [asdict(info) for info in trace.ranks.values()],
+        "warnings": list(trace.warnings), "stacks": {str(r): s for r, s in trace.stacks.items()},
+    }
+    (out / DATASET_MARKER).write_text(json.dumps(meta, indent=1, default=str))
+    return stats
+
+
+def _read_table(path: Path) -> pa.Table:
+    files = sorted(path.rglob("*.parquet"))
+    if not files:
+        raise TraceError(f"{path}: no Parquet files")
+    parts = []
+    for f in files:
+        t = pq.read_table(f)
+        if "rank" not in t.column_names:
+            rank = next((int(p.split("=", 1)[1]) for p in f.relative_to(path).parts if p.startswith("rank=")), -1)
+            t = t.append_column("rank", pa.array(np.full(len(t), rank, np.int32)))
+        parts.append(t)
+    return pa.concat_tables(parts, promote_options="default")
+
+
+def load_parquet(path: str | os.PathLike[str]) -> Trace:
+    """Rebuild a Trace from a dataset written by `export_parquet`."""
+    root = Path(path)
+    marker = root / DATASET_MARKER
+    if not marker.exists():
+        raise TraceError(f"{root}: no {DATASET_MARKER} (not a dataset written by `ncclscope export --parquet`)")
+    try:
+        meta = json.loads(marker.read_text())
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"{marker}: unreadable ({exc})") from None
+    if S.major(str(meta.get("ncclscope_schema", "0"))) != S.major(S.SCHEMA_VERSION):
+        raise TraceError(f"{root}: schema {meta.get('ncclscope_schema')}, this reader understands {S.SCHEMA_VERSION}")
+    ranks = {}
+    for item in meta.get("ranks", []):
+        fields = {k: v for k, v in item.items() if k in RankInfo.__dataclass_fields__}
+        info = RankInfo(**fields)
+        ranks[info.rank] = info
+    offsets = {r: info.clock_offset_ns for r, info in ranks.items()}
+
+    def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+        cols = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
+                for f in schema]
+        return pa.Table.from_arrays(cols, schema=schema)
+
+    def unalign(table: pa.Table) -> pa.Table:
+        """metrics/samples were written with aligned times; assemble aligns again."""
+        if not len(table) or not any(offsets.values()):
+            return table
+        r = table.column("rank").to_numpy()
+        off = np.array([offsets.get(int(x), 0) for x in r], np.int64)
+        idx = table.schema.get_field_index("time_ns")
+        return table.set_column(idx, "time_ns", pa.array(table.column("time_ns").to_numpy() - off))
+
+    events = conform(_read_table(root / "events"), S.EVENTS_SCHEMA)
+    metrics = unalign(conform(_read_table(root / "metrics"), S.METRICS_SCHEMA))
+    samples = unalign(conform(_read_table(root / "samples"), S.SAMPLES_SCHEMA))
+    groups = _read_table(root / "groups").to_pandas()
+    group_rows = [{"rank": int(g["rank"]), "process_group": str(g["process_group"]),
+                   "group_kind": str(g["group_kind"]), "ranks": [int(x) for x in g["ranks"]],
+                   "creation_order": int(g["creation_order"]), "backend": str(g["backend"])}
+                  for g in groups.to_dict("records")] if len(groups) else []
+    stacks = {int(k): str(v) for k, v in (meta.get("stacks") or {}).items()}
+    return assemble(root, dict(meta.get("run") or {}), int(meta.get("world_size", len(ranks))), ranks, [events],
+                    [metrics], [samples], group_rows, stacks, list(meta.get("warnings") or []))
