@@ -4,7 +4,7 @@
 
 Why: the analyzer must stay fast and bounded at 1,024 ranks, and real runs
 that big do not fit on a laptop. This writes exactly what the runtime
-writes (rank-NNNNN/events.arrows, metrics.arrows, samples.arrows, rank.json,
+writes (rank-NNNNN/events.arrows, metrics.arrows, samples.arrows, rank.json, groups.json,
 run.json; groups named and ordered as runtime/mesh.py plans them; local
 clocks with per-rank offsets) so `ncclscope.trace.load` reads it unchanged.
 
@@ -149,6 +149,7 @@ def generate(out_dir: str | Path, ranks: int = 1024, events: int = 10_000_000, h
     names_idx = {n: i for i, n in enumerate(NAMES)}
     groups = _group_plan(tp, dp, pp)
     group_names = [g["name"] for g in groups]
+    groups_text = json.dumps(groups, separators=(",", ":"))
     gidx = {n: i for i, n in enumerate(group_names)}
     n_written = 0
     for s in range(pp):
@@ -213,10 +214,11 @@ def generate(out_dir: str | Path, ranks: int = 1024, events: int = 10_000_000, h
                 meta = {"schema": S.SCHEMA_VERSION, "rank": r, "world_size": ranks, "host": f"node{r // 8:04d}",
                         "pid": 10_000 + r, "device": f"cuda:{r % 8}", "clock_offset_ns": int(offsets[r]),
                         "clock_uncertainty_ns": 20_000, "started_ns": int(T0 - offsets[r]),
-                        "coords": {"tp": k, "cp": 0, "dp": d, "pp": s, "ep": 0}, "groups": groups}
+                        "coords": {"tp": k, "cp": 0, "dp": d, "pp": s, "ep": 0}, "groups_file": S.GROUPS_JSON}
                 if not hang:
                     meta["end"] = {"status": "ok", "message": "", "time_ns": int(T0 + end_ns - offsets[r])}
                 (d_out / S.RANK_JSON).write_text(json.dumps(meta))
+                (d_out / S.GROUPS_JSON).write_text(groups_text)   # as runtime/recorder.py writes it
     _run_json(out, ranks, tp, pp, dp, m, steps, hang, hang_rank, h_dp, h_tp, h_pp, end_ns, n_written)
     return out
 

@@ -22,6 +22,7 @@ SCHEMA_VERSION = "1.0"
 RUN_JSON = "run.json"
 RANK_DIR_FMT = "rank-{:05d}"
 RANK_JSON = "rank.json"
+GROUPS_JSON = "groups.json"     # this rank's view of the process groups (may be absent in old traces)
 EVENTS_FILE = "events.arrows"
 METRICS_FILE = "metrics.arrows"
 SAMPLES_FILE = "samples.arrows"

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.ipc
 
 from .. import schema as S
-from ..trace import RankInfo, Trace, _conform, _force_rank, assemble
+from ..trace import GroupViews, RankInfo, Trace, assemble, conform_table, force_rank
 
 Progress = Callable[[int, int], None]
 _PARSE_ERRORS = (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError)
@@ -102,7 +102,7 @@ class StreamTail:
         if self._cached is None:
             raw = pa.concat_tables(self._tables) if self._tables else (
                 self.file_schema or self.schema).empty_table()
-            self._cached = _conform(raw, self.schema, self.path, warnings)
+            self._cached = conform_table(raw, self.schema, self.path, warnings)
         return self._cached
 
 
@@ -207,19 +207,21 @@ class Follower:
                     + [max(self.ranks, default=-1) + 1])
         exits = self.run.get("ranks") if isinstance(self.run.get("ranks"), dict) else {}
         infos: dict[int, RankInfo] = {}
-        events, metrics, samples, groups = [], [], [], []
+        events, metrics, samples = [], [], []
+        views = GroupViews()
         for r, rk in sorted(self.ranks.items()):
             infos[r] = _rank_info(r, rk.meta)
-            for g in rk.meta.get("groups", []) if isinstance(rk.meta.get("groups"), list) else []:
-                if isinstance(g, dict) and "name" in g:
-                    groups.append({"rank": r, "process_group": str(g["name"]),
-                                   "group_kind": str(g.get("kind", "custom")),
-                                   "ranks": [_int(x) for x in g.get("ranks", []) if isinstance(x, (int, str))],
-                                   "creation_order": _int(g.get("creation_order")),
-                                   "backend": str(g.get("backend", ""))})
-            events.append(_force_rank(rk.tails[S.EVENTS_FILE].table(warnings), r))
-            metrics.append(_force_rank(rk.tails[S.METRICS_FILE].table(warnings), r))
-            samples.append(_force_rank(rk.tails[S.SAMPLES_FILE].table(warnings), r))
+            gpath = rk.dir / S.GROUPS_JSON
+            if gpath.exists():
+                try:
+                    views.add(r, gpath.read_bytes(), warnings, gpath)
+                except OSError:
+                    pass   # being replaced right now: the next poll reads it
+            elif isinstance(rk.meta.get("groups"), list):
+                views.add(r, rk.meta["groups"], warnings, rk.dir / S.RANK_JSON)
+            events.append(force_rank(rk.tails[S.EVENTS_FILE].table(warnings), r))
+            metrics.append(force_rank(rk.tails[S.METRICS_FILE].table(warnings), r))
+            samples.append(force_rank(rk.tails[S.SAMPLES_FILE].table(warnings), r))
             for name, tail in rk.tails.items():
                 if tail.error:
                     warnings.append(f"{tail.path}: {tail.error}; skipped")
@@ -236,8 +238,8 @@ class Follower:
                 infos[r].signal = str(ex["signal"]) if ex.get("signal") else None
                 infos[r].stopped_by_launcher = bool(ex.get("stopped_by_launcher", False))
         stacks = {r: rk.stacks for r, rk in self.ranks.items() if rk.stacks_size >= 0}
-        self._trace = assemble(self.root, self.run, world, infos, events, metrics, samples, groups, stacks,
-                               warnings)
+        self._trace = assemble(self.root, self.run, world, infos, events, metrics, samples, None, stacks,
+                               warnings, group_views=views)
         return self._trace
 
 
