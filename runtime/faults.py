@@ -9,7 +9,7 @@
     wrong_group:rank=R,step=S,use=G[,op=..][,group=..]  collective issued on group kind G
     p2p_order:rank=R,step=S                         pipeline rank posts recv before send (deadlock;
                                                     needs a rank that sends activations onward)
-    mismatch:rank=R,step=S,what=size|dtype|type     collective differs from its peers'
+    mismatch:rank=R,step=S,what=size|dtype|type     its all_reduce differs from its peers'
     slow:rank=R,factor=F                            compute F x slower
     nan:rank=R,step=S                               NaN in that rank's gradients
     desync_grad:rank=R,step=S                       rank ignores its reduced gradient once
@@ -162,7 +162,10 @@ class FaultPlan:
             f = self._due(kind)
             if f is None:
                 continue
-            if "op" in f.params and f.params["op"] != op:
+            # a mismatch without op= targets the step's first all_reduce: the
+            # distortions (size, dtype, all_reduce -> broadcast) are defined for it
+            wanted = f.params.get("op", "all_reduce" if kind == "mismatch" else None)
+            if wanted is not None and wanted != op:
                 continue
             if "group" in f.params and f.params["group"] != group.kind:
                 continue
