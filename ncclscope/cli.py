@@ -57,8 +57,9 @@ def _analysis(trace: Any) -> tuple[str, list[Finding]]:
     return verdict, findings
 
 
-def _print_report(trace: Any, verdict: str, findings: list[Finding], out: Any = sys.stdout) -> None:
+def _print_report(trace: Any, verdict: str, findings: list[Finding], out: Any = None) -> None:
     from .analysis.summary import rank_summary
+    out = sys.stdout if out is None else out   # looked up per call, so callers can redirect stdout
     print(verdict, file=out)
     if findings:
         print("\nFindings:", file=out)

@@ -49,8 +49,9 @@ TOUR = (
 QUICK = ("pipeline-deadlock", "diverging-replica")
 
 
-def run_stop(stop: Stop, root: Path, out=sys.stdout) -> tuple[str, Path]:
+def run_stop(stop: Stop, root: Path, out=None) -> tuple[str, Path]:
     """Run one stop: job, verdict, report. Returns (verdict, run directory)."""
+    out = sys.stdout if out is None else out
     from .cli import run_analyses
     from .report.html import write_report
     from .runtime import config as C
@@ -74,7 +75,8 @@ def run_stop(stop: Stop, root: Path, out=sys.stdout) -> tuple[str, Path]:
     return verdict, run_dir
 
 
-def run_demo(out_dir: str = "", quick: bool = False, out=sys.stdout) -> int:
+def run_demo(out_dir: str = "", quick: bool = False, out=None) -> int:
+    out = sys.stdout if out is None else out
     root = Path(out_dir or f"runs/demo-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}")
     if root.exists() and any(root.iterdir()):
         print(f"ncclscope demo: {root} is not empty; choose another --out", file=sys.stderr)
