@@ -144,6 +144,9 @@ class Recorder:
             faulthandler.register(signal.SIGUSR1, file=self._stacks_file, all_threads=True, chain=False)
         except (ValueError, AttributeError, RuntimeError):  # not main thread / platform
             pass
+        # A rank that gloo aborts (SIGABRT on a size mismatch) or that crashes
+        # in native code leaves its stacks too.
+        faulthandler.enable(file=self._stacks_file, all_threads=True)
         self._thread = threading.Thread(target=self._run, name=f"ncclscope-flusher-{rank}", daemon=True)
         self._thread.start()
 
@@ -329,6 +332,7 @@ class Recorder:
             faulthandler.unregister(signal.SIGUSR1)
         except (ValueError, AttributeError, RuntimeError):
             pass
+        faulthandler.disable()
         self._stacks_file.close()
         if self._stacks_path.exists() and self._stacks_path.stat().st_size == 0:
             self._stacks_path.unlink()  # an empty stacks.txt would suggest a dump happened

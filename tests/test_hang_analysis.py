@@ -409,6 +409,178 @@ def test_mismatch_findings_are_bounded_per_group_with_a_summary():
 
 
 # ---------------------------------------------------------------------------
+# What real drills revealed (tests/test_drills_e2e.py): sequence shifts, lost rows
+# ---------------------------------------------------------------------------
+def _pp_dp_skip(steps: int = 4, skip_step: int = 1) -> TraceBuilder:
+    """pp 2 x dp 2: dp0=[0,1], dp1=[2,3], pp0=[0,2], pp1=[1,3]. Each step: all_reduce on dp (data.py:76),
+    then on pp (data.py:235). Rank 1 skips its dp all_reduce at `skip_step`: gloo pairs its next one with
+    rank 0's skipped one, so nothing hangs there; at the end rank 0 waits in dp0 #steps while rank 1
+    is already in the final world barrier, and rank 2 waits for rank 0 in pp0: a cycle 0 <-> 1."""
+    groups = {"world": [0, 1, 2, 3], "dp0": [0, 1], "dp1": [2, 3], "pp0": [0, 2], "pp1": [1, 3]}
+    b = TraceBuilder(4, groups=groups, coords={r: {"pp": r // 2, "dp": r % 2} for r in range(4)})
+    alive(b, range(4), until=20.0)
+    dp_of, pp_of = {0: "dp0", 1: "dp0", 2: "dp1", 3: "dp1"}, {0: "pp0", 2: "pp0", 1: "pp1", 3: "pp1"}
+    seq = {(r, g): 0 for r in range(4) for g in groups}
+
+    def op(r, g, t, site, step, end=True, status="ok"):
+        seq[(r, g)] += 1
+        b.collective(r, g, seq[(r, g)], op="barrier" if g == "world" else "all_reduce", start=t,
+                     end=(t + 0.05) if end else None, status=status, step=step, call_site=site,
+                     sizes="[[21921]]" if site.endswith(":76") else "[[1]]")
+
+    last = steps - 1
+    for r in range(4):
+        for s in range(steps):
+            t = 1.0 + s
+            stuck_dp = r == 0 and s == last
+            stuck_pp = r == 2 and s == last
+            if not (r == 1 and s == skip_step):
+                op(r, dp_of[r], t, "data.py:76", s, end=not stuck_dp, status="timeout" if stuck_dp else "ok")
+            if stuck_dp:
+                break
+            op(r, pp_of[r], t + 0.2, "data.py:235", s, end=not stuck_pp, status="timeout" if stuck_pp else "ok")
+            if stuck_pp:
+                break
+        else:
+            op(r, "world", 1.0 + steps, "train.py:241", -1, end=False)
+        b.rank_state(r, exitcode=3)
+    return b
+
+
+def test_a_skip_in_an_earlier_step_of_a_two_member_group_is_named_with_its_step():
+    # "3 of 4 members entered" cannot point at anyone in a 2-member group; the step census can:
+    # rank 1 issued no all_reduce from data.py:76 on dp0 in step 1, rank 0 (and rank 1 in every
+    # other step) issued one.
+    d = diagnose(_pp_dp_skip().build())
+    h = headline(d)
+    assert (h.kind, h.ranks) == ("hang", [1])
+    assert d.verdict.startswith(
+        "HANG: rank 1 (pp 0, dp 1) skipped all_reduce on dp0[0,1] at step 1 (data.py:76, #2 for rank 0): "
+        "its later all_reduces on dp0 paired one instance off, and it went on to barrier #1 on world[0-3]")
+    assert h.data["shift"]["basis"] == "regularity" and h.data["shift"]["step"] == 1
+    assert h.data["skipped"] == ["dp0", 2] and h.data["instance"] == ["dp0", 4]
+    assert [f.kind for f in d.findings if f.severity == "error"] == ["hang"]
+
+
+def test_a_skip_in_an_earlier_step_is_named_by_majority_in_a_larger_group():
+    # dp0 = [0..3]: rank 2 skipped at step 2 of 4; its step-3 all_reduce paired with the others' step-2 one.
+    b = TraceBuilder(4, groups={"world": [0, 1, 2, 3], "dp0": [0, 1, 2, 3]})
+    alive(b, range(4), until=20.0)
+    for r in range(4):
+        k = 0
+        for s in range(4):
+            if r == 2 and s == 2:
+                continue
+            k += 1
+            stuck = r != 2 and s == 3
+            b.collective(r, "dp0", k, start=1.0 + s, end=None if stuck else 1.05 + s, step=s, call_site="d.py:7")
+        if r == 2:
+            b.collective(r, "world", 1, start=5.0, step=-1, call_site="train.py:241")
+    d = diagnose(b.build())
+    h = headline(d)
+    assert (h.kind, h.ranks) == ("hang", [2])
+    assert d.verdict.startswith("HANG: rank 2 skipped all_reduce on dp0[0-3] at step 2 (d.py:7, #3 for ranks "
+                                "0,1,3): its later all_reduces on dp0 paired one instance off")
+    assert h.data["shift"]["basis"] == "majority"
+
+
+def test_ranks_still_inside_their_last_step_are_not_a_sequence_shift():
+    # Rank 0 is blocked earlier in step 3 than rank 1: different counts in an unfinished step are
+    # progress, not a skip. Nobody skipped: the census finds nothing.
+    from ncclscope.analysis.collectives import collective_ops, step_census_deviations
+    b = TraceBuilder(2, groups={"dp0": [0, 1]})
+    for r in (0, 1):
+        for s in range(3):
+            b.collective(r, "dp0", s + 1, start=1.0 + s, end=1.05 + s, step=s, call_site="d.py:7")
+    b.collective(1, "dp0", 4, start=4.0, step=3, call_site="d.py:7")
+    t = b.build()
+    assert not len(step_census_deviations(collective_ops(t.ops), {"dp0": [0, 1]}))
+
+
+def test_a_dtype_deviant_whose_partner_died_without_a_record_is_named_from_history():
+    # tp x dp 2 x 2: dp0=[0,2]. Rank 2 sends float64 into dp0 #3 at step 2; gloo SIGABRTs rank 0
+    # (innocent) before its begin row is flushed. Nobody else began #3: no vote inside the instance.
+    # Rank 2's own steps 0,1 and the other dp group at step 2 used float32.
+    b = TraceBuilder(4, groups={"dp0": [0, 2], "dp1": [1, 3], "tp0": [0, 1], "tp1": [2, 3]},
+                     coords={r: {"tp": r % 2, "dp": r // 2} for r in range(4)})
+    for r in range(4):
+        b.heartbeats(r, 0.0, 2.5 if r == 0 else 10.0)
+        g = f"dp{r % 2}"
+        for s in range(3):
+            if r == 0 and s == 2:
+                continue
+            fail = s == 2 and r == 2
+            b.collective(r, g, s + 1, start=1.0 + 0.5 * s, end=9.0 if fail else 1.1 + 0.5 * s,
+                         status="error" if fail else "ok", step=s, call_site="data.py:76",
+                         dtype="float64" if fail else "float32")
+    b.rank_state(0, signal="SIGABRT")
+    for r in (1, 2, 3):
+        b.rank_state(r, exitcode=4)
+    d = diagnose(b.build())
+    h = headline(d)
+    assert (h.kind, h.ranks) == ("collective_mismatch", [2])
+    assert d.verdict.startswith("MISMATCH: rank 2 (dp 1, tp 0) deviates in all_reduce #3 on dp0[0,2]: used dtype "
+                                "float64 where its own other steps (2) and dp1 at this step used float32; "
+                                "rank 0 (dp 0, tp 0) left no record of #3 (killed by SIGABRT)")
+    assert h.data["basis"] == "history" and h.data["absent_ranks"] == [0]
+    assert "then rank 0 (dp 0, tp 0) was killed (SIGABRT)" in d.verdict
+
+
+def test_history_breaks_a_one_vs_one_tie():
+    b = TraceBuilder(2, groups={"dp0": [0, 1]})
+    for k in range(1, 5):
+        for r in (0, 1):
+            b.collective(r, "dp0", k, start=float(k), end=k + 0.1, step=k, call_site="d.py:7",
+                         sizes="[[8]]" if (r == 1 and k == 3) else "[[4]]")
+    d = diagnose(b.build())
+    h = headline(d)
+    assert (h.kind, h.ranks, h.data["ambiguous"]) == ("collective_mismatch", [1], False)
+    assert d.verdict == ("MISMATCH: rank 1 deviates in all_reduce #3 on dp0[0,1]: passed sizes [[8]] where its "
+                         "own other steps (3) passed [[4]]")
+
+
+def test_history_does_not_blame_dynamic_shapes():
+    # The partner died without a record, but this call's sizes change every step anyway: no verdict
+    # from history, the dead rank stays the headline.
+    b = TraceBuilder(2, groups={"dp0": [0, 1]})
+    b.heartbeats(0, 0.0, 10.0)
+    b.heartbeats(1, 0.0, 3.0)
+    for k in range(1, 4):
+        for r in (0, 1):
+            b.collective(r, "dp0", k, start=float(k) * 0.5, end=k * 0.5 + 0.1, step=k, call_site="d.py:7",
+                         sizes=f"[[{4 * k}]]")
+    b.collective(0, "dp0", 4, start=3.0, step=4, call_site="d.py:7", sizes="[[99]]")
+    b.rank_state(1, signal="SIGABRT")
+    d = diagnose(b.build())
+    assert [(f.kind, f.ranks) for f in d.findings if f.severity == "error"] == [("dead_rank", [1])]
+
+
+def test_wrong_group_in_two_member_groups_is_decided_by_the_call_sites_usual_group():
+    # tp x dp 2 x 2. At step 2 rank 1 issues its dp gradient all_reduce (data.py:76) on tp0 instead of
+    # dp1; rank 3 waits in dp1 #3. 1 of 2 members entered each: the tie goes to the group kind
+    # data.py:76 uses everywhere else (dp).
+    groups = {"dp0": [0, 2], "dp1": [1, 3], "tp0": [0, 1], "tp1": [2, 3]}
+    b = TraceBuilder(4, groups=groups, coords={r: {"tp": r % 2, "dp": r // 2} for r in range(4)})
+    alive(b, range(4))
+    for r in range(4):
+        for s in range(3):
+            last = s == 2
+            if r == 1 and last:
+                b.collective(1, "tp0", 3, start=3.0, step=2, call_site="data.py:76", sizes="[[100]]")
+                continue
+            b.collective(r, f"tp{r // 2}", s + 1, start=1.0 + s, end=1.1 + s, step=s, call_site="tensor.py:63")
+            if r == 0 and last:
+                continue
+            b.collective(r, f"dp{r % 2}", s + 1, start=1.2 + s, end=None if last and r == 3 else 1.3 + s,
+                         step=s, call_site="data.py:76", sizes="[[100]]")
+    d = diagnose(b.build())
+    h = headline(d)
+    assert (h.kind, h.ranks) == ("wrong_group", [1])
+    assert d.verdict.startswith("WRONG GROUP: rank 1 (dp 0, tp 1) called all_reduce on tp0[0,1] instead of "
+                                "dp1[1,3] (#3) at data.py:76 (step 2)")
+
+
+# ---------------------------------------------------------------------------
 # Groups
 # ---------------------------------------------------------------------------
 def test_group_views_disagree_on_members_and_on_creation_order():

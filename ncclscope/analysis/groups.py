@@ -22,6 +22,7 @@ here because every other analysis module depends on groups anyway.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterable
 
@@ -110,18 +111,27 @@ def trace_start_ns(trace: Trace) -> int:
 
 
 def view_keys(ranks: pd.Series) -> np.ndarray:
-    """Each recorded member list as one "0,1,2" string, vectorised through Arrow.
+    """Each recorded member list as one "0,1,2" string.
 
-    (1,024 ranks each recording ~150 groups, one of them the 1,024-rank world,
-    are 3 million ints: a Python loop per view takes seconds.)
+    1,024 ranks each recording every group of the world are 1.4 million lists
+    (10 million ints). The loader shares one list object per distinct view
+    (trace.py parses each distinct groups.json view once), so the lists are
+    deduplicated by identity first and only the distinct ones are joined,
+    through Arrow; readers that do not share objects still get the Arrow join
+    over all rows.
     """
     if not len(ranks):
         return np.array([], dtype=object)
+    vals = ranks.to_numpy(dtype=object) if hasattr(ranks, "to_numpy") else np.asarray(ranks, dtype=object)
+    ids = np.fromiter(map(id, vals), dtype=np.int64, count=len(vals))
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    uniq = vals[first]
     try:
-        arr = pa.array([list(r) for r in ranks], type=pa.list_(pa.int64()))
-        return pc.binary_join(arr.cast(pa.list_(pa.string())), ",").to_numpy(zero_copy_only=False)
+        arr = pa.array([list(r) if r is not None else [] for r in uniq], type=pa.list_(pa.int64()))
+        texts = pc.binary_join(arr.cast(pa.list_(pa.string())), ",").to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError):
-        return np.array([",".join(str(int(x)) for x in r) for r in ranks], dtype=object)
+        texts = [",".join(str(int(x)) for x in r) for r in uniq]
+    return np.asarray(texts, dtype=object)[inverse.reshape(-1)]
 
 
 def _parse_key(key: str) -> list[int]:
@@ -153,13 +163,26 @@ def membership(trace: Trace, coll: pd.DataFrame | None = None,
 
 def group_kinds(trace: Trace) -> dict[str, str]:
     """Group name -> kind (tp, dp, ...): the recorded kind most ranks agree on, else the name's prefix."""
-    out: dict[str, str] = {}
     g = trace.groups
+    cached = _KINDS_CACHE.get(id(g))
+    if cached is not None and cached[0]() is g:
+        return dict(cached[1])
+    out: dict[str, str] = {}
     if len(g):
         cnt = g.groupby(["process_group", "group_kind"], sort=False).size().rename("n").reset_index()
         top = cnt.sort_values("n", ascending=False, kind="stable").drop_duplicates("process_group")
         out = {str(k): str(v) for k, v in zip(top["process_group"], top["group_kind"])}
-    return out
+    _KINDS_CACHE.clear()                 # one trace at a time: keep the last answer only
+    try:
+        _KINDS_CACHE[id(g)] = (weakref.ref(g), out)
+    except TypeError:
+        pass
+    return dict(out)
+
+
+# The analyses of one diagnosis ask for the kinds of a 1.4-million-row group table several times;
+# remember the last answer (weakly: the cache never keeps a trace's table alive).
+_KINDS_CACHE: dict[int, tuple[weakref.ref, dict[str, str]]] = {}
 
 
 def kind_of(name: str, kinds: dict[str, str]) -> str:
@@ -220,13 +243,23 @@ def group_views(trace: Trace) -> pd.DataFrame:
     g = trace.groups
     if not len(g):
         return pd.DataFrame(columns=["rank", "process_group", "group_kind", "members", "creation_order"])
+    # Categoricals: 1.4 million rows of a few thousand distinct names and member lists.
     return pd.DataFrame({
         "rank": g["rank"].astype("int64").to_numpy(),
-        "process_group": g["process_group"].astype(str).to_numpy(),
-        "group_kind": g["group_kind"].astype(str).to_numpy(),
-        "members": view_keys(g["ranks"]),
+        "process_group": _as_categorical(g["process_group"]),
+        "group_kind": _as_categorical(g["group_kind"]),
+        "members": _as_categorical(pd.Series(view_keys(g["ranks"]), dtype=object)),
         "creation_order": g["creation_order"].astype("int64").to_numpy(),
     })
+
+
+def _as_categorical(s: pd.Series) -> pd.Categorical:
+    codes, uniq = pd.factorize(s)
+    names = pd.Index([str(u) for u in uniq], dtype=object)
+    if (codes < 0).any():
+        names = names.append(pd.Index([""], dtype=object)) if "" not in names else names
+        codes = np.where(codes < 0, names.get_loc(""), codes)
+    return pd.Categorical.from_codes(codes, categories=names)
 
 
 def check_group_views(trace: Trace, views: pd.DataFrame | None = None,
@@ -390,13 +423,25 @@ def find_wrong_group(trace: Trace, coll: pd.DataFrame, missing: pd.DataFrame,
     # The group b chose must be less supported than the one it skipped: in the case above 2 of 3
     # dp0 members entered dp0 #3 but only b entered its world instance, never the other way round.
     if len(c):
-        cand_inst = c[["wrong_group", "wrong_seq"]].drop_duplicates()
-        counts = coll.merge(cand_inst, left_on=["process_group", "collective_seq_id"],
-                            right_on=["wrong_group", "wrong_seq"]).groupby(["wrong_group", "wrong_seq"]).size()
-        c = c.merge(counts.rename("h_began").reset_index(), on=["wrong_group", "wrong_seq"], how="left")
+        # Support for h's instance: members that issued the same call there (a member that is in
+        # (h, seq) from another call site was doing its own thing, not joining b).
+        cand_inst = c[["wrong_group", "wrong_seq", "key"]].drop_duplicates()
+        h_rows = coll.merge(cand_inst[["wrong_group", "wrong_seq"]].drop_duplicates(),
+                            left_on=["process_group", "collective_seq_id"], right_on=["wrong_group", "wrong_seq"])
+        h_rows = h_rows.assign(key=_match_key(h_rows)).merge(cand_inst, on=["wrong_group", "wrong_seq", "key"])
+        counts = h_rows.groupby(["wrong_group", "wrong_seq", "key"]).size()
+        c = c.merge(counts.rename("h_began").reset_index(), on=["wrong_group", "wrong_seq", "key"], how="left")
         h_members = c["wrong_group"].map(lambda n: len(members.get(str(n), [])) or 1)
         g_frac = c["n_began"] / c["n_members"].clip(lower=1)
-        c = c[c["h_began"].fillna(1) / h_members < g_frac]
+        h_frac = c["h_began"].fillna(1) / h_members
+        # A tie (1 of 2 entered each: two-member groups, or the partner's rows died with it) is
+        # decided by what that call site uses everywhere else: the group kind of every other
+        # call from it, on every rank and step. b's call is the odd one when the site's kind is g's.
+        site_kind = _site_kinds(coll, c, kind)
+        g_kind = kind(c["process_group"])
+        tie_ok = (h_frac == g_frac) & (c["ref_call_site"] != "") \
+            & (c["ref_call_site"].map(site_kind) == g_kind) & (c["wrong_kind"] != g_kind)
+        c = c[(h_frac < g_frac) | tie_ok]
     c = c.sort_values("start_ns").drop_duplicates(["process_group", "seq", "rank"])
     findings = []
     end = trace.end_ns
@@ -405,6 +450,23 @@ def find_wrong_group(trace: Trace, coll: pd.DataFrame, missing: pd.DataFrame,
         if len(findings) >= max_findings:
             break
     return findings
+
+
+def _site_kinds(coll: pd.DataFrame, c: pd.DataFrame, kind) -> dict[str, str]:
+    """Call site -> the group kind most of its calls use (candidates' own calls excluded)."""
+    sites = c["ref_call_site"].unique()
+    use = coll[coll["call_site"].isin(sites).to_numpy()]
+    mine = pd.MultiIndex.from_arrays([c["rank"].astype("int64"), c["op_id"].astype("int64")])
+    use = use[~pd.MultiIndex.from_arrays([use["rank"].astype("int64"), use["op_id"].astype("int64")]).isin(mine)]
+    if not len(use):
+        return {}
+    k = use.assign(site_kind=kind(use["process_group"]))
+    top = k.groupby(["call_site", "site_kind"]).size().rename("n").reset_index()
+    top = top.sort_values("n", ascending=False, kind="stable")
+    n_top = top.groupby("call_site")["n"].transform("max")
+    unique_top = top[top["n"] == n_top].groupby("call_site")["site_kind"].transform("size") == 1
+    top = top[(top["n"] == n_top) & unique_top]
+    return dict(zip(top["call_site"], top["site_kind"]))
 
 
 def _wrong_group_finding(trace: Trace, g: str, k: int, sub: pd.DataFrame, inst: pd.DataFrame,

@@ -18,11 +18,15 @@ others' continued, killed/failed without being blocked in comm themselves)
 wait on nobody. Then the graph is classified by its strongly connected
 components and what each waiting chain ends at:
 
-- a cycle                          -> `deadlock` (or `hang` when one rank on the
-                                      cycle skipped an instance a strict majority
-                                      of its group entered and went on to a
-                                      collective on another group: it deviated
-                                      first, the cycle is the consequence);
+- a cycle                          -> `deadlock`, or `hang` when a rank on the
+                                      cycle deviated first: it skipped (or added)
+                                      a collective in an earlier step, so its
+                                      later ones on that group paired one
+                                      instance off (step census, see
+                                      collectives.step_census_deviations), or it
+                                      skipped an instance a strict majority of its
+                                      group entered and went on to a collective
+                                      on another group;
 - a dead rank                      -> `dead_rank`;
 - a live rank in no comm op        -> `stuck_in_compute` (inflight compute span,
                                       or heartbeats to the end), else `hang`;
@@ -46,8 +50,8 @@ import pandas as pd
 from .. import schema as S
 from ..findings import Evidence, Finding
 from ..trace import STATUS_INFLIGHT
-from .collectives import collective_ops, max_seq_table, plain_str
-from .groups import group_label, member_table, membership, rank_label, seconds, trace_start_ns
+from .collectives import collective_ops, max_seq_table, plain_str, step_census_deviations
+from .groups import fmt_ranks, group_label, member_table, membership, rank_label, seconds, trace_start_ns
 from .p2p import KEY, direction, p2p_ops
 
 if TYPE_CHECKING:
@@ -197,7 +201,9 @@ def rank_states(trace: Trace, ops: pd.DataFrame, blocking: pd.DataFrame, computi
     st["computing"] = ~dead & ~st["blocked"] & ((st["computing_op"] != "") | st["hb_alive"])
     st["role"] = np.select([st["dead"], st["blocked"], st["computing"], st["state"] == "finished"],
                            ["dead", "blocked", "computing", "finished"], "idle")
-    st["dead_reason"] = [_dead_reason(trace, r, row) if row.dead else "" for r, row in st.iterrows()]
+    st["dead_reason"] = ""
+    if st["dead"].any():
+        st.loc[st["dead"], "dead_reason"] = [_dead_reason(trace, r, row) for r, row in st[st["dead"]].iterrows()]
     return st
 
 
@@ -277,13 +283,18 @@ def p2p_edges(blocking: pd.DataFrame, p2p: pd.DataFrame, dead: pd.Series) -> pd.
     b = b.assign(src=np.where(is_send, b["rank"], b["peer"]), dst=np.where(is_send, b["peer"], b["rank"]),
                  seq=b["p2p_seq_id"].astype("int64"), tag=b["tag"].astype("int64"),
                  want=np.where(is_send, "recv", "send"))
-    other = p2p[KEY + ["direction", "status"]].rename(columns={"direction": "want", "status": "other_status"})
+    # Only the few counterparts the blocked ops need (the p2p table may hold millions of rows).
+    near = p2p["src"].isin(b["src"].unique()).to_numpy() & p2p["dst"].isin(b["dst"].unique()).to_numpy()
+    other = p2p.loc[near, KEY + ["direction", "status"]]
+    other = pd.DataFrame({**{k: other[k].to_numpy(np.int64) for k in KEY},
+                          "want": other["direction"].astype(str).to_numpy(),
+                          "other_status": other["status"].astype(object).to_numpy()})
     other = other.drop_duplicates(KEY + ["want"])
     e = b.merge(other, on=KEY + ["want"], how="left")
     posted = e["other_status"].notna()
     peer_dead = e["peer"].map(dead).fillna(True).astype(bool)
     e["reason"] = np.where(~posted, "not posted", "died in it")
-    e = e[~posted | (peer_dead & (e["other_status"].fillna("") != S.STATUS_OK))]
+    e = e[~posted | (peer_dead & (e["other_status"].fillna("").astype(str) != S.STATUS_OK))]
     e = e.rename(columns={"rank": "waiter"}).assign(target=e["peer"].astype("int64"), via=S.KIND_P2P,
                                                      n_began=-1, n_members=2)
     return e[EDGE_COLUMNS].reset_index(drop=True)
@@ -508,8 +519,20 @@ def _waiting_summary(ctx: _Ctx, waiters: set[int], roots: Iterable[int]) -> tupl
     text = f"{rank_label(ctx.trace, waiters)} waiting"
     if start >= 0:
         text += f" since {seconds(ctx.end - start)}"
-    if ops:
-        text += " in " + ", ".join(ops[:2]) + (f" and {len(ops) - 2} more ops" if len(ops) > 2 else "")
+    n_direct = int(direct["waiter"].nunique())
+    where = ", ".join(ops[:2]) + (f" and {len(ops) - 2} more ops" if len(ops) > 2 else "")
+    if ops and 2 * n_direct < len(waiters):
+        # Most wait behind the direct waiters (a world barrier behind one group): say both.
+        rest = b[~b["rank"].isin(direct["waiter"])].drop_duplicates("rank")
+        behind = ""
+        if len(rest):
+            keys = ["kind", "op_name", "process_group", "collective_seq_id", "p2p_seq_id", "peer"]
+            top = rest.groupby(keys, sort=False).size().sort_values(ascending=False, kind="stable")
+            row = pd.Series(dict(zip(keys, top.index[0])))
+            behind = f", the rest behind them (most in {_op_desc(ctx, row)})"
+        text += f", {n_direct} of them in {where}{behind}"
+    elif ops:
+        text += " in " + where
     return text, start, sorted(int(w) for w in direct["waiter"].unique())
 
 
@@ -567,6 +590,9 @@ def _sort_key(waiters: set[int], start: int) -> tuple:
 def _cycle_finding(ctx: _Ctx, comp: list[int], cycle: list[int], waiters: set[int]) -> tuple[tuple, Finding]:
     inside = ctx.edges[ctx.edges["waiter"].isin(comp) & ctx.edges["target"].isin(comp)]
     outside = set(waiters) - set(comp)
+    shift = _shift_suspects(ctx, comp, inside)
+    if shift is not None:
+        return _shift_finding(ctx, comp, cycle, waiters | set(comp), shift)
     skip = _skip_suspects(ctx, inside)
     if skip is not None:
         return _skip_finding(ctx, comp, cycle, waiters | set(comp), skip)
@@ -633,6 +659,66 @@ def _skip_suspects(ctx: _Ctx, inside: pd.DataFrame) -> pd.DataFrame | None:
     first = elsewhere.sort_values("start_ns").iloc[0]
     same = elsewhere[(elsewhere["process_group"] == first["process_group"]) & (elsewhere["seq"] == first["seq"])]
     return same
+
+
+def _shift_suspects(ctx: _Ctx, comp: list[int], inside: pd.DataFrame) -> pd.DataFrame | None:
+    """Cycle members that skipped (or added) a collective in an earlier step: the cycle is the
+    consequence of the sequence shift, and the first of them deviated first."""
+    groups = set(inside.loc[inside["via"] == S.KIND_COLLECTIVE, "process_group"].astype(str))
+    b = ctx.blocking[ctx.blocking["rank"].isin(comp) & (ctx.blocking["kind"] == S.KIND_COLLECTIVE)]
+    groups |= set(b["process_group"].astype(str))
+    if not groups:
+        return None
+    cen = step_census_deviations(ctx.coll, ctx.members, sorted(groups))
+    cen = cen[cen["rank"].isin(comp)]
+    if not len(cen):
+        return None
+    first = cen.iloc[0]
+    return cen[(cen["process_group"] == first["process_group"]) & (cen["step"] == first["step"])
+               & (cen["call_site"] == first["call_site"])]
+
+
+def _shift_finding(ctx: _Ctx, comp: list[int], cycle: list[int], involved: set[int],
+                   shift: pd.DataFrame) -> tuple[tuple, Finding]:
+    roots = sorted(int(r) for r in shift["rank"].unique())
+    e = shift.iloc[0]
+    g, step, site, op = str(e["process_group"]), int(e["step"]), str(e["call_site"]), str(e["op_name"])
+    glabel = group_label(g, ctx.members.get(g))
+    waiters = set(involved) - set(roots)
+    rb = ctx.blocking[ctx.blocking["rank"].isin(roots)]
+    went = ", ".join(_op_desc(ctx, r) for r in rb.drop_duplicates("rank").head(2).itertuples(index=False))
+    summary, start, direct = _waiting_summary(ctx, waiters, roots)
+    ref = list(e["ref_ranks"])
+    seq = (f"#{int(e['ref_seq'])} for rank{'s' if len(ref) > 1 else ''} {fmt_ranks(ref)}"
+           if int(e["ref_seq"]) >= 0 and ref else "")
+    n = abs(int(e["count"]) - int(e["expected"]))
+    off = "one instance" if n == 1 else f"{n} instances"
+    if e["direction"] == "skipped":
+        what = f"skipped {op} on {glabel} at step {step} ({site}" + (f", {seq})" if seq else ")")
+    else:
+        what = f"issued an extra {op} on {glabel} at step {step} ({site})"
+    title = f"{rank_label(ctx.trace, roots)} {what}: its later {op}s on {g} paired {off} off"
+    title += f", and it went on to {went}" if went else ""
+    if summary:
+        title += f"; {summary}"
+    # The instance the cycle is blocked on in g (where the shift surfaced), for supporting findings.
+    on_g = ctx.edges[(ctx.edges["process_group"] == g) & ctx.edges["waiter"].isin(list(involved))]
+    blocked_k = int(on_g["seq"].min()) if len(on_g) else int(e["ref_seq"])
+    ev = []
+    for r in shift.itertuples(index=False):
+        ref = "the other members" if r.basis == "majority" else "its other steps"
+        ev.append(Evidence(rank=int(r.rank), note=f"{r.direction}: issued {int(r.count)} {op} from {site} on {g} at "
+                                                  f"step {step}; {ref} issued {int(r.expected)}",
+                           op_name=op, process_group=g, seq=int(r.ref_seq)))
+    ev += [_ev(r, f"{r.status}: blocked here since {seconds(ctx.end - int(r.start_ns))}")
+           for r in rb.itertuples(index=False)]
+    ev += _waiter_evidence(ctx, waiters, direct, roots)
+    data = _data(ctx, roots, waiters, direct, start, summary, cycle=cycle, skipped=[g, int(e["ref_seq"])],
+                 shift={"process_group": g, "step": step, "call_site": site, "direction": str(e["direction"]),
+                        "count": int(e["count"]), "expected": int(e["expected"]), "basis": str(e["basis"])},
+                 instance=[g, blocked_k], process_group=g, seq=blocked_k)
+    return _sort_key(involved, start), Finding(kind="hang", severity="error", title=title, ranks=roots,
+                                               evidence=ev[:MAX_EVIDENCE * 2], data=data)
 
 
 def _skip_finding(ctx: _Ctx, comp: list[int], cycle: list[int], involved: set[int],
