@@ -98,13 +98,21 @@ def _json_report(trace: Any, verdict: str, findings: list[Finding]) -> dict[str,
     }
 
 
-def cmd_analyze(ns: argparse.Namespace) -> int:
+def _load(path: str) -> Any:
+    """Any supported input (run directory, Flight Recorder dumps, profiler
+    traces), or None after a one-line error on stderr."""
     from .ingest import load_any
     from .trace import TraceError
     try:
-        trace = load_any(ns.run)
+        return load_any(path)
     except TraceError as exc:
         print(f"ncclscope: {exc}", file=sys.stderr)
+        return None
+
+
+def cmd_analyze(ns: argparse.Namespace) -> int:
+    trace = _load(ns.run)
+    if trace is None:
         return EXIT_UNREADABLE
     verdict, findings = _analysis(trace)
     if ns.json:
@@ -145,13 +153,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
-    from .ingest import load_any
     from .report.html import write_report
-    from .trace import TraceError
-    try:
-        trace = load_any(ns.run)
-    except TraceError as exc:
-        print(f"ncclscope: {exc}", file=sys.stderr)
+    trace = _load(ns.run)
+    if trace is None:
         return EXIT_UNREADABLE
     out = ns.output or "report.html"   # never inside the run directory: it is the user's evidence
     verdict, findings, diagnosis, perf = run_analyses(trace)
@@ -171,15 +175,11 @@ def cmd_demo(ns: argparse.Namespace) -> int:
 
 def cmd_export(ns: argparse.Namespace) -> int:
     from .export import export_parquet, export_perfetto
-    from .ingest import load_any
-    from .trace import TraceError
     if not ns.perfetto and not ns.parquet:
         print("ncclscope export: give --perfetto OUT.json and/or --parquet DIR", file=sys.stderr)
         return EXIT_UNREADABLE
-    try:
-        trace = load_any(ns.run)
-    except TraceError as exc:
-        print(f"ncclscope: {exc}", file=sys.stderr)
+    trace = _load(ns.run)
+    if trace is None:
         return EXIT_UNREADABLE
     for w in trace.warnings[:20]:
         print(f"ncclscope: warning: {w}", file=sys.stderr)
