@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 
 from ..findings import Evidence, Finding
 from ..trace import Trace
@@ -46,43 +45,24 @@ class StragglerResult:
 def group_table(trace: Trace) -> pd.DataFrame:
     """One row per process group: name, kind, size, members (the majority view).
 
-    Same answer as `Trace.group_members`, computed vectorised: at 1,024
-    ranks every rank.json lists every group, so the table has over a million
-    views and a per-view Python tuple costs seconds. Each view's member list
-    is hashed with numpy (position-weighted sum, wrapping uint64) and the
-    most common hash per group wins. Cached on the trace (the table is
-    read-only)."""
+    Membership comes from `Trace.group_members`, which votes over the distinct
+    group views (one per distinct groups.json, not one per rank), so this stays
+    cheap at 1,024 ranks. Cached on the trace (the table is read-only)."""
     cache = vars(trace).setdefault("_perf_cache", {})
     key = ("groups", id(trace.groups))
     if key in cache:
         return cache[key]
-    g = trace.groups
     cols = ["process_group", "group_kind", "size", "members"]
-    if not len(g):
+    members = trace.group_members()
+    if not members:
         out = pd.DataFrame(columns=cols)
     else:
-        arr = pa.array(g["ranks"].to_numpy(), type=pa.list_(pa.int64()))
-        offs = arr.offsets.to_numpy()
-        lens = np.diff(offs)
-        vals = arr.flatten().to_numpy().astype(np.uint64)
-        pos = np.arange(len(vals)) - np.repeat(offs[:-1], lens)
-        w = np.random.default_rng(12345).integers(1, 2**63, int(lens.max()) + 1, dtype=np.uint64) | np.uint64(1)
-        with np.errstate(over="ignore"):
-            terms = (vals + np.uint64(1)) * w[pos]
-            h = np.zeros(len(lens), dtype=np.uint64)
-            nz = lens > 0
-            if len(terms):
-                h[nz] = np.add.reduceat(terms, offs[:-1][nz])
-            h = h ^ lens.astype(np.uint64)
-        codes, names = pd.factorize(g["process_group"])
-        views = pd.DataFrame({"pg": codes, "h": h, "row": np.arange(len(g))})
-        cnt = views.groupby(["pg", "h"], sort=False).agg(n=("row", "size"), row=("row", "first"))
-        cnt = cnt.reset_index().sort_values(["pg", "n"], ascending=[True, False], kind="stable")
-        top = cnt.drop_duplicates("pg")
-        rows = top["row"].to_numpy()
-        out = pd.DataFrame({"process_group": np.asarray(names, dtype=object)[top["pg"].to_numpy()].astype(str),
-                            "group_kind": g["group_kind"].iloc[rows].astype(str).to_numpy(),
-                            "size": lens[rows], "members": [arr[int(i)].as_py() for i in rows]})
+        kinds = trace.groups.drop_duplicates("process_group").set_index("process_group")["group_kind"]
+        names = list(members)
+        out = pd.DataFrame({"process_group": names,
+                            "group_kind": [str(kinds.get(n, "custom")) for n in names],
+                            "size": [len(members[n]) for n in names],
+                            "members": [list(members[n]) for n in names]})
     cache[key] = out.reset_index(drop=True)
     return cache[key]
 
