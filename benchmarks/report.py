@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--out", default="")
     ns = ap.parse_args(argv)
 
-    from ncclscope.analysis.performance import analyze_performance
+    from ncclscope.analysis import run as run_analysis
     from ncclscope.report import write_report
     from ncclscope.trace import load
 
@@ -57,19 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     t_load = time.perf_counter() - t0
     mem_load = peak_rss()
     t1, c1 = time.perf_counter(), time.process_time()
-    perf = analyze_performance(trace)
-    t_an = time.perf_counter() - t1
-    t_diag = 0.0
-    diagnosis = None
-    try:
-        from ncclscope.analysis.diagnose import diagnose
-        td = time.perf_counter()
-        diagnosis = diagnose(trace)
-        t_diag = time.perf_counter() - td
-    except ImportError:
-        pass
+    analysis = run_analysis(trace)
+    t_an = analysis.timings_s.get("performance", 0.0)
+    t_diag = analysis.timings_s.get("hang diagnosis", 0.0)
     t2 = time.perf_counter()
-    stats = write_report(trace, out, diagnosis=diagnosis, perf=perf)
+    stats = write_report(trace, out, analysis=analysis)
     t_rep = time.perf_counter() - t2
     mem = peak_rss()
     work = t_an + t_diag + t_rep

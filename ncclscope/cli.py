@@ -24,43 +24,19 @@ from .findings import Finding
 EXIT_OK, EXIT_PROBLEMS, EXIT_UNREADABLE = 0, 1, 2
 
 
-_PERF_PREFIX = {
-    "grad_divergence": "DIVERGED", "nan": "NAN", "straggler": "STRAGGLER", "pipeline_bubble": "SLOW PIPELINE",
-    "stage_imbalance": "SLOW PIPELINE", "slow_collective": "SLOW COLLECTIVE", "expert_imbalance": "MOE IMBALANCE",
-    "grad_spike": "GRAD SPIKE",
-}
+def run_analyses(trace: Any) -> Any:
+    """The one Analysis of `trace` (ncclscope.analysis.run): every face shows this."""
+    from .analysis import run
+    return run(trace)
 
 
-def run_analyses(trace: Any) -> tuple[str, list[Finding], Any, Any]:
-    """Every analysis on a loaded trace: (verdict, findings, diagnosis, perf).
-
-    The hang diagnosis speaks first; when it finds nothing, the most severe
-    performance or divergence finding makes the verdict line."""
-    from .analysis.diagnose import diagnose
-    from .analysis.performance import analyze_performance
-    from .findings import sort_findings
-    diagnosis = diagnose(trace)
-    perf = analyze_performance(trace)
-    seen = {(f.kind, f.title) for f in diagnosis.findings}
-    findings = sort_findings(list(diagnosis.findings) + [f for f in perf.findings if (f.kind, f.title) not in seen])
-    verdict = diagnosis.verdict
-    if diagnosis.ok:
-        serious = [f for f in perf.findings if f.severity in ("error", "warning")]
-        if serious:
-            top = sort_findings(serious)[0]
-            verdict = f"{_PERF_PREFIX.get(top.kind, top.kind.upper())}: {top.title}"
-    return verdict, findings, diagnosis, perf
-
-
-def _analysis(trace: Any) -> tuple[str, list[Finding]]:
-    verdict, findings, _, _ = run_analyses(trace)
-    return verdict, findings
-
-
-def _print_report(trace: Any, verdict: str, findings: list[Finding], out: Any = None) -> None:
+def _print_report(trace: Any, analysis: Any, out: Any = None) -> None:
     from .analysis.summary import rank_summary
     out = sys.stdout if out is None else out   # looked up per call, so callers can redirect stdout
-    print(verdict, file=out)
+    findings: list[Finding] = analysis.findings
+    print(analysis.verdict, file=out)
+    for e in analysis.errors:
+        print(f"  (analysis error: {e})", file=out)
     if findings:
         print("\nFindings:", file=out)
         for f in findings:
@@ -85,14 +61,16 @@ def _print_report(trace: Any, verdict: str, findings: list[Finding], out: Any = 
             print(f"  ... {len(trace.warnings) - 20} more", file=out)
 
 
-def _json_report(trace: Any, verdict: str, findings: list[Finding]) -> dict[str, Any]:
+def _json_report(trace: Any, analysis: Any) -> dict[str, Any]:
     from .analysis.summary import rank_summary
     from .schema import SCHEMA_VERSION
     return {
         "schema": SCHEMA_VERSION,
         "run": str(trace.path),
-        "verdict": verdict,
-        "findings": [f.to_json() for f in findings],
+        "verdict": analysis.verdict,
+        "level": analysis.level,
+        "findings": [f.to_json() for f in analysis.findings],
+        "analysis_errors": list(analysis.errors),
         "ranks": rank_summary(trace).to_dict(orient="records"),
         "warnings": list(trace.warnings),
     }
@@ -114,13 +92,13 @@ def cmd_analyze(ns: argparse.Namespace) -> int:
     trace = _load(ns.run)
     if trace is None:
         return EXIT_UNREADABLE
-    verdict, findings = _analysis(trace)
+    analysis = run_analyses(trace)
     if ns.json:
-        json.dump(_json_report(trace, verdict, findings), sys.stdout, indent=1, default=str)
+        json.dump(_json_report(trace, analysis), sys.stdout, indent=1, default=str)
         print()
     else:
-        _print_report(trace, verdict, findings)
-    return EXIT_PROBLEMS if any(f.severity in ("error", "warning") for f in findings) else EXIT_OK
+        _print_report(trace, analysis)
+    return analysis.exit_code
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
@@ -146,9 +124,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
         return EXIT_OK if run["end_reason"] == "completed" and all(c == 0 for c in codes) else EXIT_PROBLEMS
     from .trace import load
     trace = load(run_dir)
-    verdict, findings = _analysis(trace)
-    _print_report(trace, verdict, findings)
-    problems = any(f.severity == "error" for f in findings) or run["end_reason"] != "completed"
+    analysis = run_analyses(trace)
+    _print_report(trace, analysis)
+    problems = analysis.exit_code != EXIT_OK or run["end_reason"] != "completed"
     return EXIT_PROBLEMS if problems else EXIT_OK
 
 
@@ -158,14 +136,14 @@ def cmd_report(ns: argparse.Namespace) -> int:
     if trace is None:
         return EXIT_UNREADABLE
     out = ns.output or "report.html"   # never inside the run directory: it is the user's evidence
-    verdict, findings, diagnosis, perf = run_analyses(trace)
-    stats = write_report(trace, out, diagnosis=diagnosis, perf=perf)
-    print(verdict)
+    analysis = run_analyses(trace)
+    stats = write_report(trace, out, analysis=analysis)
+    print(analysis.verdict)
     print(f"ncclscope report: wrote {stats['path']} ({stats['bytes'] / 1e6:.1f} MB, {len(stats['sections'])} sections, "
           f"{stats['findings']} findings) in {stats['seconds']:.1f} s", file=sys.stderr)
     if stats.get("over_budget"):
         print("ncclscope report: the file is over its size budget; large sections were sampled", file=sys.stderr)
-    return EXIT_PROBLEMS if any(f.severity in ("error", "warning") for f in findings) else EXIT_OK
+    return analysis.exit_code
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:

@@ -52,7 +52,7 @@ QUICK = ("pipeline-deadlock", "diverging-replica")
 def run_stop(stop: Stop, root: Path, out=None) -> tuple[str, Path]:
     """Run one stop: job, verdict, report. Returns (verdict, run directory)."""
     out = sys.stdout if out is None else out
-    from .cli import run_analyses
+    from .analysis import run
     from .report.html import write_report
     from .runtime import config as C
     from .runtime.launch import launch
@@ -64,9 +64,10 @@ def run_stop(stop: Stop, root: Path, out=None) -> tuple[str, Path]:
     t0 = time.perf_counter()
     run_dir, run = launch(cfg, quiet=True)
     trace = load(run_dir)
-    verdict, findings, diagnosis, perf = run_analyses(trace)
+    analysis = run(trace)
+    verdict = analysis.verdict
     report = root / f"{stop.name}.html"
-    write_report(trace, report, diagnosis=diagnosis, perf=perf)
+    write_report(trace, report, analysis=analysis)
     print(f"\n== {stop.name}: {stop.story}", file=out)
     print(f"   ncclscope train {' '.join(stop.args)}", file=out)
     print(f"   {trace.world_size} ranks, {run['end_reason']} in {time.perf_counter() - t0:.1f} s", file=out)

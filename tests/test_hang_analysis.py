@@ -46,7 +46,7 @@ def headline(d: Diagnosis):
     assert d.findings, d.verdict
     json.dumps(d.to_json())            # the CLI writes findings as JSON: everything must serialise
     h = d.findings[0]
-    assert h.data.get("role") == "headline", [(f.kind, f.data.get("role")) for f in d.findings]
+    assert h.role == "headline", [(f.kind, f.role) for f in d.findings]
     return h
 
 
@@ -78,7 +78,7 @@ def test_two_pipeline_ranks_in_recv_from_each_other_is_a_deadlock():
     assert h.data["cycle"] == [0, 1]
     # the unmatched recvs are supporting evidence, not separate root causes
     assert sorted(f.ranks[0] for f in d.findings if f.kind == "unmatched_p2p") == [0, 1]
-    assert all(f.data["role"] == "supporting" for f in d.findings[1:])
+    assert all(f.role == "supporting" for f in d.findings[1:])
     assert {e.rank for e in h.evidence} == {0, 1}
 
 
@@ -129,8 +129,8 @@ def test_chain_across_two_groups_ends_at_the_killed_rank():
     d = diagnose(b.build())
     h = headline(d)
     assert (h.kind, h.ranks) == ("dead_rank", [3])
-    assert h.data["waiting_ranks"] == [0, 1, 2]
-    assert h.data["direct_waiters"] == [1, 2]
+    assert h.to_json()["data"]["waiting_ranks"] == [0, 1, 2]
+    assert h.to_json()["data"]["direct_waiters"] == [1, 2]
     assert d.verdict.startswith("DEAD RANK: rank 3 (dp 1, tp 1) was killed (SIGKILL) at step 4;")
     assert "ranks 0-2 (dp 0,0,1, tp 0,1,0) waiting since 7.5 s in all_reduce #1 on dp1[1,3]" in d.verdict
     assert kinds(d) == [("dead_rank", [3])]
@@ -152,7 +152,7 @@ def test_chain_ends_at_a_rank_stuck_in_compute():
     assert (h.kind, h.ranks) == ("stuck_in_compute", [2])
     assert d.verdict == ("STUCK IN COMPUTE: rank 2 has been in backward for 8.0 s (step 7) and never posted "
                          "all_reduce #2 on dp0[0-3]; ranks 0,1,3 waiting since 7.0 s in all_reduce #2 on dp0[0-3]")
-    stack = h.data["stack"]
+    stack = h.stack
     assert "backward_hook" in stack and "threading.py" not in stack
     assert kinds(d) == [("stuck_in_compute", [2])]
 
@@ -192,7 +192,7 @@ def test_rank_that_skipped_a_collective_is_the_root_not_the_ranks_that_timed_out
     assert h.data["skipped"] == ["dp0", 5]
     assert kinds(d) == [("hang", [3])]
     missing = [f for f in d.findings if f.data.get("missing_participant") and f.ranks == [3]]
-    assert missing and missing[0].data["role"] == "supporting"
+    assert missing and missing[0].role == "supporting"
 
 
 def test_rank_that_exited_normally_while_others_wait_is_the_root():
@@ -290,8 +290,8 @@ def test_rank_calling_the_collective_on_the_wrong_group():
     assert (h.kind, h.ranks) == ("wrong_group", [1])
     assert d.verdict == ("WRONG GROUP: rank 1 called all_reduce on world[0-3] instead of dp0[0-2] (#3) at "
                          "train.py:42 (step 5); ranks 0,2 waiting in all_reduce #3 on dp0 since 5.0 s")
-    assert h.data["wrong_group"] == "world" and h.data["instance"] == ["dp0", 3]
-    assert h.data["explains"]["kind"] == "hang" and h.data["explains"]["ranks"] == [1]
+    assert h.data["wrong_group"] == "world" and h.to_json()["data"]["instance"] == ["dp0", 3]
+    assert h.to_json()["data"]["explains"]["kind"] == "hang" and h.to_json()["data"]["explains"]["ranks"] == [1]
     assert [f.kind for f in d.findings if f.severity == "error"] == ["wrong_group"]
 
 
@@ -329,7 +329,7 @@ def test_type_mismatch_that_hangs_names_the_deviant_not_the_stalled_ranks():
     assert (h.kind, h.ranks) == ("collective_mismatch", [2])
     assert d.verdict == ("MISMATCH: rank 2 deviates in all_reduce #2 on dp0[0-3]: called broadcast where "
                          "ranks 0,1,3 called all_reduce(sum); ranks 0-3 blocked in it for 8.0 s")
-    assert h.data["explains"]["kind"] == "hang"     # the stalled-instance root was folded into it
+    assert h.to_json()["data"]["explains"]["kind"] == "hang"     # the stalled-instance root was folded into it
     assert [f.kind for f in d.findings if f.severity == "error"] == ["collective_mismatch"]
 
 
@@ -352,7 +352,7 @@ def test_size_mismatch_that_aborts_an_innocent_neighbour_names_the_deviant():
                                 "where ranks 0,2,3 passed [[4]]")
     assert "then rank 2 was killed (SIGABRT)" in d.verdict
     dead = [f for f in d.findings if f.kind == "dead_rank"]
-    assert len(dead) == 1 and dead[0].ranks == [2] and dead[0].data["role"] == "supporting"
+    assert len(dead) == 1 and dead[0].ranks == [2] and dead[0].role == "supporting"
 
 
 def test_an_old_mismatch_that_completed_does_not_replace_a_later_dead_rank():
@@ -366,7 +366,7 @@ def test_an_old_mismatch_that_completed_does_not_replace_a_later_dead_rank():
     b.collective(0, "dp0", 3, start=6.0)
     b.rank_state(1, signal="SIGKILL")
     d = diagnose(b.build())
-    assert [(f.kind, f.ranks, f.data["role"]) for f in d.findings if f.severity == "error"] == [
+    assert [(f.kind, f.ranks, f.role) for f in d.findings if f.severity == "error"] == [
         ("dead_rank", [1], "headline"), ("collective_mismatch", [0], "independent")]
 
 
@@ -389,7 +389,7 @@ def test_analysis_continues_past_the_first_mismatch_into_other_groups():
                          sizes="[[8]]" if (r == 1 and k == 3) else "[[4]]",
                          dtype="float64" if (r == 5 and k >= 2) else "float32")
     d = diagnose(b.build())
-    errors = [(f.kind, f.ranks, f.data["instance"], f.data["later_instances"]) for f in d.findings
+    errors = [(f.kind, f.ranks, f.to_json()["data"]["instance"], f.data["later_instances"]) for f in d.findings
               if f.severity == "error"]
     assert errors == [("collective_mismatch", [1], ["dp0", 3], 0), ("collective_mismatch", [5], ["dp1", 2], 3)]
     assert d.verdict.startswith("MISMATCH: rank 1 deviates in all_reduce #3 on dp0[0-2]")
@@ -458,7 +458,7 @@ def test_a_skip_in_an_earlier_step_of_a_two_member_group_is_named_with_its_step(
         "HANG: rank 1 (pp 0, dp 1) skipped all_reduce on dp0[0,1] at step 1 (data.py:76, #2 for rank 0): "
         "its later all_reduces on dp0 paired one instance off, and it went on to barrier #1 on world[0-3]")
     assert h.data["shift"]["basis"] == "regularity" and h.data["shift"]["step"] == 1
-    assert h.data["skipped"] == ["dp0", 2] and h.data["instance"] == ["dp0", 4]
+    assert h.data["skipped"] == ["dp0", 2] and h.to_json()["data"]["instance"] == ["dp0", 4]
     assert [f.kind for f in d.findings if f.severity == "error"] == ["hang"]
 
 
@@ -636,7 +636,7 @@ def test_a_send_into_a_rank_that_is_computing():
     h = headline(d)
     assert (h.kind, h.ranks) == ("stuck_in_compute", [2])
     assert "never posted the recv matching rank 1's send #1" in d.verdict
-    assert [(f.kind, f.ranks, f.data["role"]) for f in d.findings[1:]] == [("unmatched_p2p", [2], "supporting")]
+    assert [(f.kind, f.ranks, f.role) for f in d.findings[1:]] == [("unmatched_p2p", [2], "supporting")]
 
 
 # ---------------------------------------------------------------------------
@@ -761,5 +761,5 @@ def test_performance_256_ranks_2000_ops_each_names_the_skipper():
     assert (h.kind, h.ranks) == ("hang", [77])
     assert d.verdict.startswith("HANG: rank 77 never posted all_reduce #499 on dp5[5,13,...,253] "
                                 "(31 of 32 members did) and went on to barrier #1 on world[0-255]")
-    assert len(h.data["waiting_ranks"]) == 255
+    assert len(h.to_json()["data"]["waiting_ranks"]) == 255
     assert len(h.evidence) <= 60

@@ -533,7 +533,7 @@ def test_profiler_gloo_traces_give_communication_tables(gloo_job, tmp_path):
     from ncclscope.report.html import write_report
     perf = analyze_performance(trace)
     assert not perf.errors, perf.errors
-    stats = write_report(trace, tmp_path / "report.html", perf=perf)
+    stats = write_report(trace, tmp_path / "report.html")
     assert not stats["failed"] and {"timeline", "collectives"} <= set(stats["sections"])
 
 

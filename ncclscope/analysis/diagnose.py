@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from ..findings import SEVERITIES, Finding
+from ..findings import SEVERITIES, Explains, Finding, Role
+from .compose import OK_VERDICT, hang_verdict
 from .collectives import analyze_collectives, collective_ops, max_seq_table
 from .groups import analyze_groups, group_views, membership
 from .p2p import analyze_p2p, p2p_ops
@@ -39,14 +40,8 @@ from .waitfor import analyze_waits, stack_for
 if TYPE_CHECKING:
     from ..trace import Trace
 
-PREFIX = {
-    "deadlock": "DEADLOCK", "hang": "HANG", "dead_rank": "DEAD RANK", "stuck_in_compute": "STUCK IN COMPUTE",
-    "collective_mismatch": "MISMATCH", "wrong_group": "WRONG GROUP", "group_mismatch": "GROUP MISMATCH",
-    "unmatched_p2p": "UNMATCHED P2P",
-}
 ROOT_KINDS = ("deadlock", "hang", "dead_rank", "stuck_in_compute")
 PROMOTABLE = ("wrong_group", "collective_mismatch")
-OK_VERDICT = "OK: no hang, deadlock or mismatch found"
 _ROLE_ORDER = {"headline": 0, "independent": 1, "supporting": 2}
 MAX_EVIDENCE = 60
 
@@ -63,7 +58,7 @@ class Diagnosis:
 
     @property
     def headline(self) -> Finding | None:
-        return next((f for f in self.findings if f.data.get("role") == "headline"), None)
+        return next((f for f in self.findings if f.role == Role.HEADLINE), None)
 
     def to_json(self) -> dict[str, Any]:
         return {"verdict": self.verdict, "findings": [f.to_json() for f in self.findings]}
@@ -87,17 +82,20 @@ def diagnose(trace: Trace, max_per_group: int = 5) -> Diagnosis:
               "collective_instances": cr.instances, "collective_deviations": cr.deviations,
               "missing_participants": cr.missing, "p2p_pairs": pr.pairs, "p2p_unmatched": pr.unmatched,
               "group_view_deviations": gr.view_deviations}
-    return Diagnosis(verdict=verdict(findings), findings=findings, tables=tables)
+    return Diagnosis(verdict=hang_verdict(findings), findings=findings, tables=tables)
 
 
 # --------------------------------------------------------------------------
 def _instance(f: Finding) -> tuple[str, int] | None:
-    inst = f.data.get("instance")
-    return (str(inst[0]), int(inst[1])) if inst else None
+    return (f.instance.group, f.instance.seq) if f.instance is not None else None
+
+
+def _blocked_at(f: Finding) -> set[tuple[str, int]]:
+    return {(i.group, i.seq) for i in f.instances}
 
 
 def _involved(f: Finding) -> set[int]:
-    return set(int(r) for r in f.data.get("involved", f.ranks))
+    return f.involved_ranks
 
 
 def explains(cause: Finding, root: Finding) -> bool:
@@ -108,7 +106,7 @@ def explains(cause: Finding, root: Finding) -> bool:
     if inst is None:
         return False
     g, k = inst
-    blocked_at = {(str(a), int(b)) for a, b in root.data.get("instances", [])}
+    blocked_at = _blocked_at(root)
     if cause.kind == "wrong_group":
         return inst in blocked_at or bool(set(cause.ranks) & set(root.ranks))
     if inst in blocked_at:
@@ -126,7 +124,7 @@ def supports(f: Finding, head: Finding, root: Finding | None) -> bool:
     if set(f.ranks) & roots:
         return True
     inst = _instance(f)
-    blocked_at = {(str(a), int(b)) for a, b in (root or head).data.get("instances", [])}
+    blocked_at = _blocked_at(root or head)
     if inst is not None and inst in blocked_at:
         return True
     if f.kind == "unmatched_p2p":
@@ -137,7 +135,7 @@ def supports(f: Finding, head: Finding, root: Finding | None) -> bool:
 
 def _promote(trace: Trace, cause: Finding, root: Finding) -> Finding:
     title = cause.title
-    summary = str(root.data.get("wait_summary", ""))
+    summary = root.wait.text if root.wait is not None else ""
     if root.kind == "dead_rank" and not set(root.ranks) <= set(cause.ranks):
         title += f"; then {root.title}"
     elif summary and "waiting" not in title and "blocked" not in title:
@@ -145,31 +143,26 @@ def _promote(trace: Trace, cause: Finding, root: Finding) -> Finding:
     seen = {(e.rank, e.op_id, e.note) for e in cause.evidence}
     evidence = list(cause.evidence) + [e for e in root.evidence if (e.rank, e.op_id, e.note) not in seen]
     data = dict(cause.data)
-    data.update({k: v for k, v in root.data.items() if k in ("waiting_ranks", "direct_waiters", "wait_s",
-                                                              "wait_summary", "instances", "p2p", "involved")})
-    data["explains"] = {"kind": root.kind, "title": root.title, "ranks": list(root.ranks)}
-    stack = stack_for(trace, cause.ranks)
-    if stack:
-        data["stack"] = stack
-    return replace(cause, title=title, evidence=evidence[:MAX_EVIDENCE], data=data)
+    if "p2p" in root.data:
+        data["p2p"] = root.data["p2p"]
+    return replace(cause, title=title, evidence=evidence[:MAX_EVIDENCE], data=data,
+                   wait=root.wait if root.wait is not None else cause.wait,
+                   instances=list(root.instances) or list(cause.instances),
+                   involved=list(root.involved) or list(cause.involved),
+                   explains=Explains(str(root.kind), root.title, tuple(root.ranks)),
+                   stack=stack_for(trace, cause.ranks) or cause.stack)
 
 
 def _as_headline(trace: Trace, f: Finding) -> Finding:
     """Mark `f` as a headline and attach its root ranks' stacks when the analysis did not."""
-    f = _with_role(f, "headline")
-    if "stack" not in f.data:
-        stack = stack_for(trace, f.ranks)
-        if stack:
-            f.data["stack"] = stack
+    f = _with_role(f, Role.HEADLINE)
+    if not f.stack:
+        f.stack = stack_for(trace, f.ranks)
     return f
 
 
-def _with_role(f: Finding, role: str, supports_title: str = "") -> Finding:
-    data = dict(f.data)
-    data["role"] = role
-    if supports_title:
-        data["supports"] = supports_title
-    return replace(f, data=data)
+def _with_role(f: Finding, role: Role, supports_title: str = "") -> Finding:
+    return replace(f, role=role, supports=supports_title or f.supports)
 
 
 def combine(trace: Trace, roots: list[Finding], others: list[Finding]) -> list[Finding]:
@@ -180,7 +173,7 @@ def combine(trace: Trace, roots: list[Finding], others: list[Finding]) -> list[F
     for root in roots:
         earlier = next((h for c, h in promoted if explains(c, root)), None)
         if earlier is not None:          # the same deviation explains this root too
-            out.append(_with_role(root, "supporting", earlier.title))
+            out.append(_with_role(root, Role.SUPPORTING, earlier.title))
             continue
         causes = sorted((c for c in pending if explains(c, root)),
                         key=lambda c: (PROMOTABLE.index(c.kind), min(e.time_ns for e in c.evidence)))
@@ -190,29 +183,16 @@ def combine(trace: Trace, roots: list[Finding], others: list[Finding]) -> list[F
             promoted.append((causes[0], head))
             out.append(head)
             if root.kind == "dead_rank" and not set(root.ranks) <= set(causes[0].ranks):
-                out.append(_with_role(root, "supporting", head.title))
+                out.append(_with_role(root, Role.SUPPORTING, head.title))
         else:
             head = _as_headline(trace, root)
             out.append(head)
         for f in [f for f in pending if supports(f, head, root)]:
             pending.remove(f)
-            out.append(_with_role(f, "supporting", head.title))
-    out += [_with_role(f, "independent") for f in pending]
-    if not any(f.data.get("role") == "headline" for f in out):
+            out.append(_with_role(f, Role.SUPPORTING, head.title))
+    out += [_with_role(f, Role.INDEPENDENT) for f in pending]
+    if not any(f.role == Role.HEADLINE for f in out):
         errors = [i for i, f in enumerate(out) if f.severity == "error"]
         if errors:
             out[errors[0]] = _as_headline(trace, out[errors[0]])
-    return sorted(out, key=lambda f: (SEVERITIES.index(f.severity), _ROLE_ORDER[f.data.get("role", "independent")]))
-
-
-def verdict(findings: list[Finding]) -> str:
-    """The one line: the first headline, prefixed by its kind, or OK."""
-    heads = [f for f in findings if f.data.get("role") == "headline" and f.severity == "error"]
-    if not heads:
-        warnings = sum(1 for f in findings if f.severity == "warning")
-        return OK_VERDICT + (f" ({warnings} warning{'s' if warnings != 1 else ''})" if warnings else "")
-    head = heads[0]
-    text = f"{PREFIX.get(head.kind, head.kind.upper())}: {head.title}"
-    if len(heads) > 1:
-        text += f" (+{len(heads) - 1} more root cause{'s' if len(heads) > 2 else ''})"
-    return text
+    return sorted(out, key=lambda f: (SEVERITIES.index(f.severity), _ROLE_ORDER[f.role.value]))

@@ -786,7 +786,7 @@ def _endpoint_finding(ctx: _Ctx, r: int, role: str, waiters: set[int]) -> tuple[
     if summary:
         title += f"; {summary}"
     ev += _waiter_evidence(ctx, waiters, direct, [r])
-    data = _data(ctx, [r], waiters, direct, start, summary, role=role)
+    data = _data(ctx, [r], waiters, direct, start, summary, rank_role=role)
     return _sort_key(waiters, start), Finding(kind=kind, severity="error", title=title, ranks=[r], evidence=ev,
                                               data=data)
 
@@ -809,7 +809,7 @@ def _endpoint_group_finding(ctx: _Ctx, items: list[tuple[int, set[int]]], role: 
         ev.append(Evidence(rank=r, note=note, op_name=str(row.last_op), time_ns=int(row.last_op_start_ns)))
     ev += _waiter_evidence(ctx, waiters, direct, roots)
     kind = {"dead": "dead_rank", "computing": "stuck_in_compute"}.get(role, "hang")
-    data = _data(ctx, roots, waiters, direct, start, summary, role=role)
+    data = _data(ctx, roots, waiters, direct, start, summary, rank_role=role)
     return _sort_key(waiters | set(roots), start), Finding(kind=kind, severity="error", title=title, ranks=roots,
                                                            evidence=ev[:MAX_EVIDENCE * 2], data=data)
 

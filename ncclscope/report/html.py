@@ -20,15 +20,18 @@ from __future__ import annotations
 import datetime as _dt
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import plotly.io as pio
 
-from ..analysis.performance import PerfResult, analyze_performance
-from ..findings import Finding, sort_findings
+from ..analysis.performance import PerfResult
+from ..findings import Finding
 from ..trace import Trace
 from . import figures as F
 from .figures import esc
+
+if TYPE_CHECKING:
+    from ..analysis.compose import Analysis
 
 SIZE_BUDGET = 15 * 2**20
 
@@ -139,28 +142,20 @@ def _tables(perf: PerfResult) -> dict[str, str]:
     return out
 
 
-def write_report(trace: Trace, out_path: str | Path, diagnosis: Any = None, perf: PerfResult | None = None,
+def write_report(trace: Trace, out_path: str | Path, analysis: "Analysis | None" = None,
                  size_budget: int = SIZE_BUDGET) -> dict[str, Any]:
     """Write the report; return stats (path, bytes, seconds, sections drawn/skipped/failed).
 
-    `diagnosis`: the hang diagnosis (anything with `.verdict` and
-    `.findings`); when None, ncclscope.analysis.diagnose is run if present.
-    `perf`: a PerfResult to reuse; computed here when None."""
+    `analysis`: the composed Analysis (ncclscope.analysis.run) whose verdict
+    and findings the report shows; computed here when None. The report never
+    composes a verdict of its own."""
     t0 = time.perf_counter()
-    perf = perf if perf is not None else analyze_performance(trace)
-    if diagnosis is None:
-        try:
-            from ..analysis.diagnose import diagnose  # type: ignore[import-not-found]
-            diagnosis = diagnose(trace)
-        except ImportError:
-            diagnosis = None
-        except Exception as exc:  # a broken diagnosis must not cost the user the report
-            perf.errors.append(f"diagnose: {type(exc).__name__}: {exc}")
-            diagnosis = None
-    hang_findings = list(getattr(diagnosis, "findings", []) or [])
-    seen = {(f.kind, f.title) for f in hang_findings}
-    findings = sort_findings(hang_findings + [f for f in perf.findings if (f.kind, f.title) not in seen])
-    verdicts = [v for v in (getattr(diagnosis, "verdict", ""), perf.verdict) if v]
+    if analysis is None:
+        from ..analysis import run
+        analysis = run(trace)
+    perf = analysis.perf if analysis.perf is not None else PerfResult()
+    findings = list(analysis.findings)
+    verdicts = [analysis.verdict]
 
     tables = _tables(perf)
     body, drawn, skipped, failed = [], [], [], []
@@ -186,7 +181,7 @@ def write_report(trace: Trace, out_path: str | Path, diagnosis: Any = None, perf
             + f" · end: {esc(trace.run.get('end_reason', 'unknown'))}")
     nav = " ".join(f"<a href='#{s}'>{esc(t)}</a>" for s, t, _, _ in SECTIONS if s in drawn)
     warn = ""
-    notes = list(trace.warnings) + perf.errors + failed
+    notes = list(trace.warnings) + list(analysis.errors) + failed
     if notes:
         items = "".join(f"<li>{esc(w)}</li>" for w in notes[:50])
         warn = f"<section id='warnings'><h2>Warnings ({len(notes)})</h2><ul class='muted'>{items}</ul></section>"

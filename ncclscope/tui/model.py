@@ -324,7 +324,7 @@ def cell_states(trace: Trace, frame: pd.DataFrame, findings: list[Finding], live
 
 def root_ranks(findings: list[Finding]) -> list[int]:
     """Root-cause ranks: the headlines' (diagnose marks them), else the first error finding's."""
-    heads = [f for f in findings if f.data.get("role") == "headline" and f.severity == "error"]
+    heads = [f for f in findings if f.role == "headline" and f.severity == "error"]
     if not heads:
         heads = [f for f in findings if f.severity == "error"][:1]
     return sorted({int(r) for f in heads for r in f.ranks})
@@ -395,8 +395,8 @@ def finding_views(findings: list[Finding], source: str = "diagnosis", start: int
         d = f.data or {}
         out.append(FindingView(
             index=start + i, kind=f.kind, severity=f.severity, title=f.title, ranks=[int(r) for r in f.ranks],
-            evidence=list(f.evidence), role=str(d.get("role", "")), stack=str(d.get("stack", "") or ""),
-            group=str(d.get("process_group", "") or (d.get("instance") or ["", -1])[0] or ""),
+            evidence=list(f.evidence), role=f.role.value, stack=f.stack,
+            group=str(d.get("process_group", "") or (f.instance.group if f.instance else "")),
             seq=int(d.get("seq", -1) if isinstance(d.get("seq", -1), (int, np.integer)) else -1), source=source))
     return out
 
