@@ -1,0 +1,195 @@
+"""Accuracy sweep: does the verdict name the right rank and cause, on layouts the tests never saw?
+
+    OMP_NUM_THREADS=1 python benchmarks/accuracy.py                 # the full seeded matrix
+    OMP_NUM_THREADS=1 python benchmarks/accuracy.py --limit 12      # the first 12 drills only
+    OMP_NUM_THREADS=1 python benchmarks/accuracy.py --seed 7 --out /tmp/acc
+
+A seeded matrix of real jobs: every `--inject` kind that applies to a layout x
+layouts (dp, tp, pp gpipe / 1f1b / interleaved, cp, ep, ZeRO 1/2, 3-D and 4-D
+meshes), with the culprit rank and step drawn at random, plus healthy runs.
+Each job runs `ncclscope train` exactly as a user would (through the warmed
+zygote of tests/test_drills_e2e.py, so torch is imported once) and is judged by
+`ncclscope analyze --json`:
+
+- culprit: the headline's root ranks are exactly the injected rank;
+- cause: the headline's kind is the one the fault kind must produce;
+- false positive: a healthy run with any warning or error, or exit code != 0.
+
+It prints one row per drill and a table per kind and per layout. Every job has a
+hard timeout (the zygote kills its whole session), so the sweep cannot hang.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests"))
+
+# fault kind -> the headline kind it must produce
+CAUSE = {
+    "skip": "hang", "hang": "stuck_in_compute", "kill": "dead_rank", "crash": "dead_rank",
+    "wrong_group": "wrong_group", "p2p_order": "deadlock", "mismatch": "collective_mismatch",
+    "slow": "straggler", "nan": "nan", "desync_grad": "grad_divergence", "group_order": "group_mismatch",
+}
+
+
+@dataclass(frozen=True)
+class Layout:
+    name: str
+    argv: tuple[str, ...]
+    world: int
+    pp: int = 1
+    dp: int = 1
+
+    def has(self, dim: str) -> bool:
+        return f"--{dim}" in self.argv
+
+
+LAYOUTS = [
+    Layout("dp4", ("--dp", "4"), 4, dp=4),
+    Layout("tp2dp2", ("--tp", "2", "--dp", "2"), 4, dp=2),
+    Layout("pp2-gpipe-dp2", ("--pp", "2", "--dp", "2", "--schedule", "gpipe", "--microbatches", "2"), 4, pp=2, dp=2),
+    Layout("pp2-1f1b-dp2", ("--pp", "2", "--dp", "2", "--schedule", "1f1b", "--microbatches", "2"), 4, pp=2, dp=2),
+    Layout("pp2-interleaved", ("--pp", "2", "--vpp", "2", "--schedule", "interleaved", "--microbatches", "2",
+                               "--n-layer", "4"), 2, pp=2),
+    Layout("cp2dp2", ("--cp", "2", "--dp", "2"), 4, dp=2),
+    Layout("dp4ep2", ("--dp", "4", "--ep", "2"), 4, dp=4),
+    Layout("dp4-zero1", ("--dp", "4", "--zero", "1"), 4, dp=4),
+    Layout("dp4-zero2", ("--dp", "4", "--zero", "2"), 4, dp=4),
+    Layout("tp2pp2dp2", ("--tp", "2", "--pp", "2", "--dp", "2", "--microbatches", "2"), 8, pp=2, dp=2),
+    Layout("tp2pp2dp2ep2", ("--tp", "2", "--pp", "2", "--dp", "2", "--ep", "2", "--microbatches", "2"), 8,
+           pp=2, dp=2),
+]
+STEPS = 4
+
+
+def applies(kind: str, lay: Layout) -> bool:
+    if kind == "p2p_order":
+        return lay.pp > 1
+    if kind in ("desync_grad",):
+        return lay.dp > 1
+    return True
+
+
+def spec(kind: str, rank: int, step: int, lay: Layout) -> str:
+    if kind == "slow":
+        return f"slow:rank={rank},factor=4"
+    if kind == "group_order":
+        return f"group_order:rank={rank}"
+    if kind == "mismatch":
+        return f"mismatch:rank={rank},step={step},what=size"
+    if kind == "wrong_group":
+        return f"wrong_group:rank={rank},step={step},use=world"
+    return f"{kind}:rank={rank},step={step}"
+
+
+@dataclass
+class Case:
+    name: str
+    layout: Layout
+    kind: str            # fault kind, or "healthy"
+    rank: int = -1
+    argv: tuple[str, ...] = ()
+
+
+def matrix(seed: int, healthy: int) -> list[Case]:
+    rng = random.Random(seed)
+    cases: list[Case] = []
+    for lay in LAYOUTS:
+        for kind in CAUSE:
+            if not applies(kind, lay):
+                continue
+            rank = rng.randrange(lay.world)
+            step = rng.randrange(1, STEPS - 1)
+            inject = spec(kind, rank, step, lay)
+            extra = ("--steps", "6") if kind == "slow" else ("--steps", str(STEPS))
+            cases.append(Case(f"{kind}-{lay.name}-r{rank}", lay, kind, rank,
+                              (*lay.argv, *extra, "--timeout-s", "3", "--inject", inject)))
+    for i in range(healthy):
+        lay = LAYOUTS[i % len(LAYOUTS)]
+        cases.append(Case(f"healthy-{lay.name}-{i}", lay, "healthy", -1, (*lay.argv, "--steps", "3")))
+    return cases
+
+
+def judge(case: Case, report: dict) -> tuple[bool, bool, bool, str]:
+    """(culprit ok, cause ok, false positive, headline text)."""
+    findings = report.get("findings", [])
+    verdict = str(report.get("verdict", ""))
+    if case.kind == "healthy":
+        serious = [f for f in findings if f["severity"] in ("error", "warning")]
+        return True, True, bool(serious) or not verdict.startswith("OK"), verdict
+    heads = [f for f in findings if f["data"].get("role") == "headline"] or \
+        [f for f in findings if f["severity"] in ("error", "warning") and f["title"] in verdict]
+    if not heads:
+        return False, False, False, verdict
+    h = heads[0]
+    return list(h["ranks"]) == [case.rank], h["kind"] == CAUSE[case.kind], False, verdict
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--healthy", type=int, default=11)
+    ap.add_argument("--limit", type=int, default=0, help="run only the first N cases")
+    ap.add_argument("--kinds", default="", help="comma-separated fault kinds to keep (and healthy)")
+    ap.add_argument("--out", default="", help="keep the run directories here")
+    ns = ap.parse_args()
+    from test_drills_e2e import Zygote   # the warmed job server the e2e tests use
+
+    cases = matrix(ns.seed, ns.healthy)
+    if ns.kinds:
+        keep = set(ns.kinds.split(",")) | {"healthy"}
+        cases = [c for c in cases if c.kind in keep]
+    if ns.limit:
+        cases = cases[:ns.limit]
+    base = Path(ns.out) if ns.out else Path(tempfile.mkdtemp(prefix="ncclscope-accuracy-"))
+    base.mkdir(parents=True, exist_ok=True)
+    print(f"accuracy sweep: {len(cases)} jobs (seed {ns.seed}) under {base}", flush=True)
+    z = Zygote(base)
+    rows = []
+    t0 = time.monotonic()
+    try:
+        for i, c in enumerate(cases, 1):
+            try:
+                job = z.run(c.name, list(c.argv), timeout=150.0)
+                report = job.report
+            except BaseException as exc:   # pytest.fail on a job timeout is a BaseException
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                report = {"verdict": f"(no result: {type(exc).__name__}: {str(exc)[:120]})", "findings": []}
+            ok_rank, ok_kind, fp, text = judge(c, report)
+            rows.append((c, ok_rank, ok_kind, fp))
+            mark = "FP" if fp else ("ok" if ok_rank and ok_kind else "MISS")
+            print(f"[{i:3d}/{len(cases)}] {mark:4s} {c.name:36s} {text[:110]}", flush=True)
+    finally:
+        z.close()
+    faults = [r for r in rows if r[0].kind != "healthy"]
+    healthy = [r for r in rows if r[0].kind == "healthy"]
+    print(f"\n{len(faults)} drills, {len(healthy)} healthy runs in {time.monotonic() - t0:.0f} s\n")
+    print(f"{'kind':14s} {'drills':>6s} {'culprit':>8s} {'cause':>6s}")
+    for kind in CAUSE:
+        sel = [r for r in faults if r[0].kind == kind]
+        if sel:
+            print(f"{kind:14s} {len(sel):6d} {sum(r[1] for r in sel):8d} {sum(r[2] for r in sel):6d}")
+    print(f"\n{'layout':18s} {'drills':>6s} {'culprit':>8s} {'cause':>6s} {'healthy FP':>10s}")
+    for lay in LAYOUTS:
+        sel = [r for r in faults if r[0].layout is lay]
+        hs = [r for r in healthy if r[0].layout is lay]
+        if sel or hs:
+            print(f"{lay.name:18s} {len(sel):6d} {sum(r[1] for r in sel):8d} {sum(r[2] for r in sel):6d} "
+                  f"{sum(r[3] for r in hs):6d}/{len(hs)}")
+    n = max(len(faults), 1)
+    print(f"\nculprit {sum(r[1] for r in faults)}/{len(faults)} ({100 * sum(r[1] for r in faults) / n:.0f}%), "
+          f"cause {sum(r[2] for r in faults)}/{len(faults)} ({100 * sum(r[2] for r in faults) / n:.0f}%), "
+          f"false positives {sum(r[3] for r in healthy)}/{len(healthy)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""One verdict on every face: `analyze --json`, the HTML report's headline and
+`ncclscope.analysis.run` say the same string for every sample trace (the TUI's
+overview line is checked against the same composer in tests/test_tui.py).
+
+Before the one composer, the report and the TUI composed their own verdict and
+said `OK` for stragglers, NaN, divergence, MoE imbalance and slow pipelines
+that `analyze` flagged; these tests fail on that.
+"""
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import pytest
+
+from conftest import ROOT
+from ncclscope.analysis import run
+from ncclscope.cli import main
+from ncclscope.trace import load
+
+SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if (p / "run.json").is_file())
+
+
+def _analyze_json(capsys, path) -> dict:
+    capsys.readouterr()
+    main(["analyze", str(path), "--json"])
+    return json.loads(capsys.readouterr().out)
+
+
+def _report_headline(capsys, path, out) -> str:
+    capsys.readouterr()
+    main(["report", str(path), "-o", str(out)])
+    page = out.read_text(encoding="utf-8")
+    heads = re.findall(r"<p class='verdict'>(.*?)</p>", page, flags=re.S)
+    assert len(heads) == 1, f"the report must show exactly one verdict line, found {len(heads)}"
+    return html.unescape(heads[0])
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=[p.name for p in SAMPLES])
+def test_analyze_report_and_composer_say_the_same_verdict(capsys, tmp_path, sample):
+    composed = run(load(sample)).verdict
+    printed = _analyze_json(capsys, sample)["verdict"]
+    headline = _report_headline(capsys, sample, tmp_path / "r.html")
+    assert printed == composed
+    assert headline == composed
+
+
+def test_problem_samples_are_not_called_ok_by_any_face(capsys, tmp_path):
+    """The straggler, NaN, divergence, MoE and slow-pipeline samples: a problem on every face."""
+    for name in ("straggler", "nan", "divergence", "moe-imbalance", "slow-pipeline"):
+        sample = ROOT / "sample_traces" / name
+        assert not _report_headline(capsys, sample, tmp_path / f"{name}.html").startswith("OK"), name
+        assert not run(load(sample)).ok, name
