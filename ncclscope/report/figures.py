@@ -5,157 +5,30 @@ browser can take. Every function here bounds its output (ranks sampled or
 binned, points capped, WebGL scatter for point clouds), so the report stays
 usable and under its size budget whatever the trace holds.
 
-Every string that came from a trace (op names, group names, messages) goes
-through `esc` before it reaches a label, a hover text or a title: Plotly
-renders a subset of HTML in those, and a trace is untrusted input.
+Every string that came from a trace goes through `style.esc` before it
+reaches a label, a hover text or a title. The timeline is in timeline.py.
 """
 from __future__ import annotations
 
-import html
-from typing import Any, Iterable
+from typing import Iterable
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..analysis.bubbles import pipeline_layout
-from ..analysis.comm_stats import p2p_matrix
+from ..analysis.comm_stats import SEND_OPS
 from ..analysis.performance import PerfResult
 from ..trace import Trace
+from .style import MS, TEMPLATE, esc, int_axis, layout as _layout, template_json  # noqa: F401  (re-exported)
+from .timeline import focus_ranks as _focus_ranks, timeline  # noqa: F401  (re-exported)
 
-MS = 1e6
-TEMPLATE = "plotly_white"
 MAX_LINES = 16          # ranks drawn as individual lines; above this, aggregate
 MAX_POINTS = 20_000     # scatter points per figure
 MAX_BINS = 200          # time bins for heat maps
 PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#E45756", "#72B7B2", "#EECA3B", "#B279A2", "#FF9DA6", "#9D755D",
            "#BAB0AC"]
-
-
-def esc(value: Any) -> str:
-    """html.escape for anything from a trace (quote=True: also safe inside attributes)."""
-    return html.escape(str(value), quote=True)
-
-
-def _layout(fig: go.Figure, title: str, height: int = 420, **kw: Any) -> go.Figure:
-    fig.update_layout(template=TEMPLATE, title=dict(text=esc(title), x=0.01), height=height,
-                      margin=dict(l=70, r=20, t=50, b=50), legend=dict(orientation="h", y=-0.18), **kw)
-    return fig
-
-
-def _focus_ranks(trace: Trace, perf: PerfResult, findings: list | None = None, limit: int = 32) -> list[int]:
-    """Ranks worth a timeline: the ranks findings name (hang findings first, as given), and
-    the whole pipeline of the first of them; without a pipeline, the lowest ranks fill up to 16."""
-    named: list[int] = []
-    for f in (findings if findings is not None else perf.findings):
-        named += [int(r) for r in f.ranks if int(r) not in named]
-    named = named[:8]
-    layout = pipeline_layout(trace)
-    ranks: list[int] = []
-    if len(layout):
-        pipe_of = dict(zip(layout["rank"], layout["pipeline"]))
-        pipe = next((pipe_of[r] for r in named if r in pipe_of), 0)
-        ranks = layout[layout["pipeline"] == pipe].sort_values("pp_pos")["rank"].astype(int).tolist()
-    fill = [] if ranks else trace.present_ranks[:16]
-    for r in named + fill:
-        if len(ranks) >= limit:
-            break
-        if r not in ranks:
-            ranks.append(r)
-    return ranks[:limit]
-
-
-def _focus_steps(trace: Trace, perf: PerfResult, n: int = 2) -> list[int]:
-    if len(perf.bubbles.steps):
-        steps = sorted(perf.bubbles.steps["step"].unique())
-    else:
-        m = trace.metrics
-        steps = sorted(m["step"].unique()) if len(m) else sorted(trace.ops.loc[trace.ops["step"] >= 0, "step"].unique())
-    return [int(s) for s in steps[-n:]]
-
-
-def timeline(trace: Trace, perf: PerfResult, findings: list | None = None, max_ranks: int = 32,
-             n_steps: int = 2) -> go.Figure | None:
-    """Per-rank timeline of the last steps: microbatches coloured, comm thin, bubbles shaded."""
-    ranks = _focus_ranks(trace, perf, findings, max_ranks)
-    steps = _focus_steps(trace, perf, n_steps)
-    ops = trace.ops
-    sel = ops[ops["rank"].isin(ranks) & ops["step"].isin(steps) & (ops["kind"] != "marker")]
-    if not len(sel):
-        return None
-    lay = pipeline_layout(trace)
-    pos = dict(zip(lay["rank"], lay["pp_pos"]))
-    label = {r: f"rank {r}" + (f" · stage {pos[r]}" if r in pos else "") for r in ranks}
-    t0 = int(sel["start_ns"].min())
-    done = sel["end_ns"] >= 0
-    # an op that never ended is drawn to just past the last completed one (a hang would squash the rest)
-    last = int(sel.loc[done, "end_ns"].max()) if done.any() else int(sel["start_ns"].max())
-    cap = max(last + (last - t0) // 20, int(sel["start_ns"].max()) + 1)
-    end = np.where(done, sel["end_ns"], cap)
-    d = pd.DataFrame({"y": sel["rank"].map(label), "rank": sel["rank"].to_numpy(), "x0": (sel["start_ns"] - t0) / MS,
-                      "dur": (end - sel["start_ns"].to_numpy()) / MS, "kind": sel["kind"].astype(str).to_numpy(),
-                      "name": sel["op_name"].astype(str).to_numpy(), "mb": sel["microbatch"].to_numpy(),
-                      "step": sel["step"].to_numpy(), "group": sel["process_group"].astype(str).to_numpy(),
-                      "status": sel["status"].astype(str).to_numpy()})
-    d["hover"] = [f"{esc(n)}" + (f" mb {m}" if m >= 0 else "") + f" · step {s}" + (f" · {esc(g)}" if g else "")
-                  + (f"<br>{du:.2f} ms" if st != "inflight" else "<br>never ended (in flight)")
-                  + (f" · {esc(st)}" if st not in ("ok", "", "inflight") else "")
-                  for n, m, s, g, du, st in zip(d["name"], d["mb"], d["step"], d["group"], d["dur"], d["status"])]
-    fig = go.Figure()
-    comp = d[d["kind"] == "compute"]
-    for nm, opacity in (("forward", 1.0), ("backward", 0.65)):
-        c = comp[comp["name"] == nm]
-        if len(c):
-            colors = [PALETTE[m % len(PALETTE)] if m >= 0 else "#888" for m in c["mb"]]
-            fig.add_trace(go.Bar(y=c["y"], x=c["dur"], base=c["x0"], orientation="h", name=nm, width=0.55,
-                                 offset=-0.38,
-                                 marker=dict(color=colors, opacity=opacity, line=dict(width=0)),
-                                 hovertext=c["hover"], hoverinfo="text"))
-    other = comp[~comp["name"].isin(["forward", "backward"])]
-    if len(other):
-        fig.add_trace(go.Bar(y=other["y"], x=other["dur"], base=other["x0"], orientation="h", name="other compute",
-                             width=0.55, offset=-0.38, marker_color="#555", hovertext=other["hover"], hoverinfo="text"))
-    for kind, color in (("p2p", "#17becf"), ("collective", "#d62728")):
-        c = d[d["kind"] == kind]
-        if len(c):
-            # communication in a lane of its own under the compute (async p2p overlaps compute)
-            fig.add_trace(go.Bar(y=c["y"], x=c["dur"], base=c["x0"], orientation="h", name=kind, width=0.2,
-                                 offset=0.2, marker=dict(color=color, opacity=0.6, line=dict(width=0)), hovertext=c["hover"], hoverinfo="text"))
-    gaps = _idle_gaps(comp, perf, t0, label)
-    if len(gaps):
-        fig.add_trace(go.Bar(y=gaps["y"], x=gaps["dur"], base=gaps["x0"], orientation="h", name="idle (bubble)",
-                             width=0.6, offset=-0.4, marker=dict(color="rgba(120,120,120,0.25)", line=dict(width=0)),
-                             hovertext=[f"idle {v:.2f} ms" for v in gaps["dur"]], hoverinfo="text"))
-    order = [label[r] for r in ranks if label[r] in set(d["y"])]
-    _layout(fig, f"Timeline, steps {', '.join(map(str, steps))} ({len(order)} ranks; colour = microbatch)",
-            height=max(300, 28 * len(order) + 140), barmode="overlay",
-            xaxis_title="ms since the first op shown",
-            yaxis=dict(categoryorder="array", categoryarray=order[::-1]))
-    return fig
-
-
-def _idle_gaps(comp: pd.DataFrame, perf: PerfResult, t0: int, label: dict[int, str]) -> pd.DataFrame:
-    """Gaps between consecutive compute spans of a rank within its step (bounded: shown ranks only)."""
-    fb = comp[comp["name"].isin(["forward", "backward"])].sort_values(["rank", "step", "x0"])
-    if not len(fb):
-        return pd.DataFrame(columns=["y", "x0", "dur"])
-    end = fb["x0"] + fb["dur"]
-    prev_end = end.groupby([fb["rank"], fb["step"]]).shift(1)
-    gap = fb["x0"] - prev_end
-    g = pd.DataFrame({"y": fb["y"], "x0": prev_end, "dur": gap})[gap > 0]
-    ss = perf.bubbles.stage_step
-    if len(ss):   # leading and trailing idle inside the pipeline window
-        first = fb.groupby(["rank", "step"]).agg(a=("x0", "min"), y=("y", "first"))
-        last = fb.assign(e=end).groupby(["rank", "step"])["e"].max()
-        w = ss.set_index(["rank", "step"])[["window_start_ns", "window_ns"]]
-        w = w.reindex(first.index)
-        ws = (w["window_start_ns"] - t0) / MS
-        we = ws + w["window_ns"] / MS
-        lead = pd.DataFrame({"y": first["y"], "x0": ws, "dur": first["a"] - ws})
-        trail = pd.DataFrame({"y": first["y"], "x0": last, "dur": we - last})
-        g = pd.concat([g, lead[lead["dur"] > 0], trail[trail["dur"] > 0]])
-    return g.dropna()
+CLOCK_SYNC_TAG = 7      # runtime/telemetry.measure_clock_offsets: 8-byte pings with rank 0 before step 0
 
 
 def bubbles_by_stage(perf: PerfResult) -> go.Figure | None:
@@ -171,9 +44,12 @@ def bubbles_by_stage(perf: PerfResult) -> go.Figure | None:
         fig.add_trace(go.Bar(x=x, y=100 * st[col] / st["window_ns"], name=name, marker_color=color,
                              hovertemplate="%{y:.1f}% of the step<extra>" + esc(name) + "</extra>"))
     if np.isfinite(b.theory):
-        fig.add_hline(y=100 * b.theory, line_dash="dash", line_color="black",
-                      annotation_text=f"theory {100 * b.theory:.1f}% ({esc(b.schedule)}, p={b.p}, m={b.m}"
-                                      + (f", v={b.v}" if b.v > 1 else "") + ")")
+        # the label is a legend entry: an annotation on the line sat on top of a bar
+        label = (f"theory {100 * b.theory:.1f}% ({esc(b.schedule)}, p={b.p}, m={b.m}"
+                 + (f", v={b.v}" if b.v > 1 else "") + ")")
+        fig.add_hline(y=100 * b.theory, line_dash="dash", line_color="black")
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=label,
+                                 line=dict(color="black", dash="dash"), hoverinfo="skip"))
     return _layout(fig, f"Bubble per stage: measured {100 * b.measured:.1f}% vs theory {100 * b.theory:.1f}%",
                    barmode="stack", yaxis_title="% of the step idle")
 
@@ -191,7 +67,8 @@ def skew_heatmap(perf: PerfResult, max_steps: int = 300) -> go.Figure | None:
                                colorscale="Reds", colorbar=dict(title="ms late"),
                                hovertemplate="rank %{y} step %{x}<br>%{z:.2f} ms after the first arriver<extra></extra>"))
     return _layout(fig, "Arrival lateness at collectives (rank × step): who everyone waits for",
-                   height=min(900, max(320, 3 * len(piv) + 150)), xaxis_title="step", yaxis_title="rank")
+                   height=min(900, max(320, 16 * len(piv) + 150)), xaxis=dict(title="step", type="category"),
+                   yaxis=dict(title="rank", **int_axis(piv.index, pad=False)))
 
 
 def utilization(perf: PerfResult) -> go.Figure | None:
@@ -212,7 +89,7 @@ def utilization(perf: PerfResult) -> go.Figure | None:
                                    colorscale="Viridis", zmin=0, zmax=100, colorbar=dict(title="%"),
                                    hovertemplate="rank %{y}, t=%{x:.1f} s: %{z}%<extra></extra>"))
     return _layout(fig, f"Utilization over time ({u.source})", xaxis_title="s since the first sample",
-                   yaxis_title="%" if len(ranks) <= MAX_LINES else "rank")
+                   yaxis=dict(title="%") if len(ranks) <= MAX_LINES else dict(title="rank", **int_axis(ranks, pad=False)))
 
 
 def grad_norms(perf: PerfResult) -> go.Figure | None:
@@ -238,7 +115,8 @@ def grad_norms(perf: PerfResult) -> go.Figure | None:
         fig.add_trace(go.Scatter(x=bad["step"], y=np.zeros(len(bad)), mode="markers", name="NaN / Inf",
                                  marker=dict(symbol="x", size=12, color="red"),
                                  hovertext=[f"rank {r}: non-finite" for r in bad["rank"]], hoverinfo="text"))
-    return _layout(fig, f"Gradient norm per rank per step ({col})", xaxis_title="step", yaxis_title="norm")
+    return _layout(fig, f"Gradient norm per rank per step ({col})", xaxis=dict(title="step", **int_axis(n["step"])),
+                   yaxis_title="norm")
 
 
 def collectives(perf: PerfResult) -> go.Figure | None:
@@ -263,11 +141,25 @@ def collectives(perf: PerfResult) -> go.Figure | None:
     return _layout(fig, "Collective latency and bandwidth per instance", height=460)
 
 
+def p2p_traffic(trace: Trace) -> pd.DataFrame:
+    """(src, dst) -> bytes and count of the job's own point-to-point sends: the clock-sync pings
+    (8-byte sends with tag 7 before step 0, runtime/telemetry.py) are not traffic."""
+    ops = trace.ops
+    send = ops[(ops["kind"] == "p2p") & (ops["peer"] >= 0) & ops["op_name"].isin(SEND_OPS)]
+    clock = (send["tag"] == CLOCK_SYNC_TAG) & (send["step"] < 0) & (send["bytes"] <= 8)
+    send = send[~clock]
+    if not len(send):
+        return pd.DataFrame(columns=["src", "dst", "bytes", "count"])
+    return (send.assign(src=send["rank"].astype("int64"), dst=send["peer"].astype("int64"))
+            .groupby(["src", "dst"], as_index=False).agg(bytes=("bytes", "sum"), count=("bytes", "size")))
+
+
 def comm_matrix(trace: Trace, perf: PerfResult, max_cells: int = 128) -> go.Figure | None:
-    mat = p2p_matrix(perf.comm.p2p)
+    mat = p2p_traffic(trace)
+    mat = mat[mat["bytes"] > 0]
     if not len(mat):
-        return None
-    n = trace.world_size
+        return None      # pure data parallel: no matrix rather than one of clock pings
+    n = max(trace.world_size, int(mat[["src", "dst"]].to_numpy().max()) + 1)
     block = max(1, -(-n // max_cells))
     src, dst = mat["src"] // block, mat["dst"] // block
     agg = mat.groupby([src, dst])["bytes"].sum()
@@ -276,11 +168,15 @@ def comm_matrix(trace: Trace, perf: PerfResult, max_cells: int = 128) -> go.Figu
     z[agg.index.get_level_values(0), agg.index.get_level_values(1)] = agg.to_numpy() / 1e6
     axis = np.arange(size) * block
     unit = f" (blocks of {block} ranks)" if block > 1 else ""
+    ticks = int_axis(axis, pad=False)
+    if block > 1 and ticks.get("tickmode") == "array":
+        ticks["ticktext"] = [f"{a}–{min(a + block, n) - 1}" for a in axis]
     fig = go.Figure(go.Heatmap(z=np.where(z > 0, z, np.nan), x=axis, y=axis, colorscale="Blues",
-                               colorbar=dict(title="MB"),
-                               hovertemplate="from %{y} to %{x}: %{z:.1f} MB<extra></extra>"))
-    return _layout(fig, f"Point-to-point traffic matrix{unit}", height=520, xaxis_title="receiver rank",
-                   yaxis_title="sender rank", yaxis_autorange="reversed")
+                               zmin=0, zmax=float(z.max()), colorbar=dict(title="MB"),
+                               hovertemplate="from %{y} to %{x}: %{z:.3g} MB<extra></extra>"))
+    return _layout(fig, f"Point-to-point traffic matrix{unit}", height=520,
+                   xaxis=dict(title="receiver rank", **ticks),
+                   yaxis=dict(title="sender rank", autorange="reversed", **ticks))
 
 
 def expert_heatmap(perf: PerfResult, max_steps: int = 300) -> go.Figure | None:
@@ -294,7 +190,8 @@ def expert_heatmap(perf: PerfResult, max_steps: int = 300) -> go.Figure | None:
     fig = go.Figure(go.Heatmap(z=piv.to_numpy(), x=[str(c) for c in piv.columns], y=piv.index.to_numpy(),
                                colorscale="YlOrRd", colorbar=dict(title="tokens"),
                                hovertemplate="expert %{y}, step %{x}: %{z} tokens<extra></extra>"))
-    return _layout(fig, "Expert load (tokens routed per expert per step)", xaxis_title="step", yaxis_title="expert",
+    return _layout(fig, "Expert load (tokens routed per expert per step)", xaxis=dict(title="step", type="category"),
+                   yaxis=dict(title="expert", **int_axis(piv.index, pad=False)),
                    height=min(700, max(300, 18 * len(piv) + 150)))
 
 
@@ -316,7 +213,8 @@ def memory(perf: PerfResult) -> go.Figure | None:
     if est:
         fig.add_hline(y=est / 2**30, line_dash="dash",
                       annotation_text=f"model states {est / 2**30:.2f} GiB (Φ = {perf.memory.n_params:,})")
-    return _layout(fig, "Memory per rank per step vs the model-state estimate", xaxis_title="step", yaxis_title="GiB")
+    return _layout(fig, "Memory per rank per step vs the model-state estimate",
+                   xaxis=dict(title="step", **int_axis(ps["step"])), yaxis_title="GiB")
 
 
 def table_html(df: pd.DataFrame, columns: Iterable[str] | None = None, max_rows: int = 20, floatfmt: str = "{:.3g}") -> str:
@@ -324,6 +222,8 @@ def table_html(df: pd.DataFrame, columns: Iterable[str] | None = None, max_rows:
     if df is None or not len(df):
         return "<p class='muted'>nothing to show</p>"
     d = df[list(columns)] if columns else df
+    # headers with spaces, so they can wrap: a table must fit its card at 1000 px
+    d = d.rename(columns={c: str(c).replace("_", " ") for c in d.columns})
     more = len(d) - max_rows
     out = d.head(max_rows).to_html(index=False, escape=True, border=0, classes="tbl", na_rep="",
                                    float_format=lambda v: floatfmt.format(v))

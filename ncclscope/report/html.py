@@ -2,18 +2,21 @@
 
 Why this shape: the person reading it is on a laptop, maybe offline, maybe
 on a plane with a run directory copied from a cluster. So the file carries
-plotly.js inline (no CDN), opens with the verdict and the findings (what to
-do), then the pictures that back them up: timeline with bubbles, bubble per
+plotly.js inside it (no CDN; gzipped, unpacked by the browser: bundle.py),
+opens with the verdict (exactly Analysis.verdict), the warnings that limit
+the evidence, and the findings (what to do), then the pictures that back
+them up: timeline with bubbles, bubble per
 stage vs theory, arrival skew, utilization, grad norms, collective latency
 and bandwidth, the p2p matrix, expert load, memory.
 
 Safety: everything from a trace is escaped (html.escape) before it is put
 in the page, in a table, a title or a hover text; the figure JSON also has
-"</" written as "<\\/" so no string can close the <script> it lives in.
+every "<" written as "\\u003c" so no string can close the <script> it lives in.
 
 Self-check: a tiny script counts JavaScript errors into
-`<body data-js-errors>` and the drawn figures into `data-rendered`, which is
-what the headless-browser test reads.
+`<html data-js-errors>`; the loader writes the drawn figures into
+`<body data-rendered>` and sections wider than their card into
+`data-overflow`, which is what the headless-browser tests read.
 """
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ from ..analysis.performance import PerfResult
 from ..findings import Finding
 from ..trace import Trace
 from . import figures as F
+from .bundle import loader_html, template_html
 from .figures import esc
 
 if TYPE_CHECKING:
@@ -43,8 +47,8 @@ section{background:#fff;border:1px solid #e3e3e3;border-radius:6px;margin:16px 0
 h2{font-size:17px;margin:4px 0 10px} .muted{color:#777;font-size:13px}
 .verdict{font-size:16px;font-weight:600} .sev{display:inline-block;padding:1px 8px;border-radius:10px;color:#fff;
 font-size:12px} .sev-error{background:#c0392b} .sev-warning{background:#e67e22} .sev-info{background:#2980b9}
-table.tbl{border-collapse:collapse;font-size:13px} table.tbl td,table.tbl th{border-bottom:1px solid #eee;padding:3px 8px;
-text-align:left} details{margin:4px 0 8px} .fig{min-height:300px} nav a{margin-right:12px;font-size:13px}
+table.tbl{border-collapse:collapse;font-size:13px;max-width:100%} table.tbl td,table.tbl th{border-bottom:1px solid #eee;
+padding:3px 6px;text-align:left} table.tbl td{overflow-wrap:anywhere} table.tbl th{vertical-align:bottom;font-size:12px} details{margin:4px 0 8px} .fig{min-height:300px} nav a{margin-right:12px;font-size:13px}
 .err{color:#c0392b}
 """
 
@@ -58,20 +62,14 @@ window.addEventListener("error", function (e) {
 });
 </script>"""
 
-DONE = """<script>
-(function () {
-  var drawn = document.querySelectorAll(".js-plotly-plot .main-svg").length > 0 ?
-    document.querySelectorAll(".js-plotly-plot").length : 0;
-  document.body.dataset.rendered = String(drawn);
-  document.body.dataset.figures = String(document.querySelectorAll(".fig").length);
-})();
-</script>"""
 
 # (section id, title, figure builder, explanation)
 SECTIONS: list[tuple[str, str, Callable[[Trace, PerfResult, list[Finding]], Any], str]] = [
     ("timeline", "Timeline", lambda t, p, f: F.timeline(t, p, f),
-     "Last steps of one pipeline (or the ranks named in findings). Colour = microbatch, thin bars = communication, "
-     "grey = idle inside the pipeline window (the bubble)."),
+     "Last healthy steps of one pipeline (and the ranks named in findings), rows by stage then rank. Hue = "
+     "microbatch (legend), forward solid, backward lighter and hatched; the thin lane under each row is "
+     "communication (p2p cyan, collectives grey); light grey = idle inside the pipeline window (the bubble). "
+     "When a long final wait would squash the steps, the axis opens on the healthy ones: 'full span' shows all."),
     ("bubbles", "Pipeline bubble per stage", lambda t, p, f: F.bubbles_by_stage(p),
      "Idle share of each stage split into warm-up/cool-down (what the schedule costs with perfectly balanced "
      "stages), waiting on a slower stage, and communication stall (what a free interconnect would save)."),
@@ -84,7 +82,8 @@ SECTIONS: list[tuple[str, str, Callable[[Trace, PerfResult, list[Finding]], Any]
     ("collectives", "Collective latency and bandwidth", lambda t, p, f: F.collectives(p),
      "Per instance, measured from the last arrival (waiting for a straggler is not link time); bus bandwidth "
      "uses the nccl-tests definitions."),
-    ("matrix", "Point-to-point traffic", lambda t, p, f: F.comm_matrix(t, p), "Bytes sent from each rank to each rank."),
+    ("matrix", "Point-to-point traffic", lambda t, p, f: F.comm_matrix(t, p),
+     "Bytes sent from each rank to each rank (the clock-sync pings before step 0 left out)."),
     ("experts", "Expert load", lambda t, p, f: F.expert_heatmap(p), "Tokens routed to each MoE expert per step."),
     ("memory", "Memory", lambda t, p, f: F.memory(p),
      "Measured memory per rank per step; dashed: parameters + gradients + Adam states for this sharding."),
@@ -92,9 +91,14 @@ SECTIONS: list[tuple[str, str, Callable[[Trace, PerfResult, list[Finding]], Any]
 
 
 def _figure_html(fig: Any, div_id: str) -> str:
-    payload = pio.to_json(fig, validate=False, remove_uids=True).replace("</", "<\\/")
-    return (f'<div id="{div_id}" class="plot"></div><script>(function(){{var f={payload};'
-            f'Plotly.newPlot("{div_id}",f.data,f.layout,{{responsive:true,displaylogo:false}});}})();</script>')
+    """The div and the figure's JSON; bundle.LOADER draws it once plotly.js is unpacked.
+    The template (7 KB a figure) is left out: the page has it once (bundle.template_html).
+    Every "<" in the JSON is written \\u003c: no string can end the script or open a comment."""
+    if fig.layout.template.to_plotly_json() == F.template_json():
+        fig.layout.template = None
+    payload = pio.to_json(fig, validate=False, remove_uids=True).replace("<", "\\u003c")
+    return (f'<div id="{div_id}" class="plot"></div>'
+            f'<script type="application/json" class="fig-data" data-target="{div_id}">{payload}</script>')
 
 
 def _findings_html(findings: list[Finding]) -> str:
@@ -188,13 +192,14 @@ def write_report(trace: Trace, out_path: str | Path, analysis: "Analysis | None"
     page = "".join([
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
         f"<title>ncclscope report: {esc(trace.path.name)}</title><style>{CSS}</style>{GUARD}",
-        f"<script>{_plotly_js()}</script></head><body>",
+        "</head><body>",
         f"<header><h1>ncclscope report: {esc(trace.path.name)}</h1><div class='meta'>{meta} · generated "
         f"{_dt.datetime.now().isoformat(timespec='seconds')}</div></header><main>",
         "<section id='verdict'><h2>Verdict</h2>" + "".join(f"<p class='verdict'>{esc(v)}</p>" for v in verdicts),
         f"<nav>{nav}</nav></section>",
+        warn,   # what limits the evidence comes before what was concluded from it
         f"<section id='findings'><h2>Findings ({len(findings)})</h2>{_findings_html(findings)}</section>",
-        *body, warn, "<pre id='js-errors' class='err'></pre></main>", DONE, "</body></html>",
+        *body, "<pre id='js-errors' class='err'></pre></main>", template_html(F.template_json()), loader_html(), "</body></html>",
     ])
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -203,8 +208,3 @@ def write_report(trace: Trace, out_path: str | Path, analysis: "Analysis | None"
     return {"path": str(out), "bytes": len(data), "over_budget": len(data) > size_budget,
             "seconds": time.perf_counter() - t0, "sections": drawn, "skipped": skipped, "failed": failed,
             "findings": len(findings)}
-
-
-def _plotly_js() -> str:
-    from plotly.offline import get_plotlyjs
-    return get_plotlyjs()

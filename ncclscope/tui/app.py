@@ -8,26 +8,32 @@ Layout: tabs for Overview (verdict, findings), Ranks (mesh grid), Rank
 pairs), Timeline (one step as a text Gantt) and Metrics (loss / grad norm
 sparklines). Loading runs in a thread worker in stages, each shown as soon as
 it is ready: run.json alone (the grid from exit codes, in milliseconds), the
-loaded trace, the diagnosis, the performance analyses. The UI thread only
-renders presenter dataclasses (`model.py`), so it never freezes.
+loaded trace, then `ncclscope.analysis.run(trace)`: the one composer whose
+verdict line, findings and root ranks every face shows verbatim. The UI thread
+only renders presenter dataclasses (`model.py`), so it never freezes.
+
+`?` / F1 lists every key, Ctrl+P opens the command palette, `/` filters the
+tab on show (the filter stays visible under the tab until Esc clears it).
 """
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
-from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
+from rich.text import Text
 from textual import work
-from textual.app import App, ComposeResult
+from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
-from textual.widgets import Footer, Header, Input, TabbedContent, TabPane
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, Static, TabbedContent, TabPane, Tabs
 from textual.worker import get_current_worker
 
 from . import model as M
-from ..findings import Finding, sort_findings
+from .help import HelpScreen
 from .screens.collectives import CollectivesView
 from .screens.metrics import MetricsView
 from .screens.overview import OverviewView
@@ -37,71 +43,60 @@ from .screens.timeline import TimelineView
 from .widgets.rank_grid import RankGrid
 
 TABS = ("overview", "grid", "rank", "colls", "timeline", "metrics")
+TAB_TITLES = {"overview": ("o", "Overview"), "grid": ("g", "Ranks"), "rank": ("r", "Rank"),
+              "colls": ("c", "Collectives"), "timeline": ("t", "Timeline"), "metrics": ("m", "Metrics")}
 FOCUS = {"overview": "#ov-findings", "grid": "#rg-grid", "rank": "#rk-ops", "colls": "#co-matrix",
          "timeline": "#tl-box", "metrics": "#mx-table"}
+EXIT_UNREADABLE = 2        # as `ncclscope analyze` on a directory it cannot read
 
 
-def run_analyses(trace: Any) -> tuple[Any, str]:
-    """diagnose(trace), or (None, why) when the analysis is missing or fails: the views still work."""
-    try:
-        from ..analysis.diagnose import diagnose
-    except ImportError as exc:
-        return None, f"diagnosis unavailable ({exc})"
-    try:
-        return diagnose(trace), ""
-    except Exception as exc:  # an analysis bug must not take the debugger down with it
-        return None, f"diagnosis failed: {type(exc).__name__}: {exc}"
-
-
-def run_performance(trace: Any) -> tuple[Any, list[Finding]]:
-    """analyze_performance(trace) and its findings; (None, []) when missing or failing."""
-    try:
-        from ..analysis.performance import analyze_performance
-    except ImportError:
-        return None, []
-    try:
-        result = analyze_performance(trace)
-    except Exception:  # performance is a bonus on a hung job: never fatal
-        return None, []
-    found = result if isinstance(result, list) else getattr(result, "findings", [])
-    return result, sort_findings([f for f in found if isinstance(f, Finding)])
+def analyse(trace: Any) -> Any:
+    """`ncclscope.analysis.run(trace)`: the one verdict composer (looked up at call time)."""
+    from .. import analysis
+    return analysis.run(trace)
 
 
 class NcclscopeApp(App[None]):
-    """The TUI. `follow=True` keeps polling the run directory for appended rows."""
+    """The TUI. `follow=True` keeps polling the run directory for appended rows; `trace` skips loading."""
 
     CSS_PATH = "app.tcss"
     TITLE = "ncclscope"
-    ENABLE_COMMAND_PALETTE = False           # its footer entry costs 12 of 80 columns
+    ENABLE_COMMAND_PALETTE = True            # Ctrl+P; its footer entry is hidden (12 of 80 columns)
     BINDINGS = [
-        Binding("o", "show_tab('overview')", "Overview"),
-        Binding("g", "show_tab('grid')", "Ranks"),
-        Binding("r", "show_tab('rank')", "Rank"),
-        Binding("c", "show_tab('colls')", "Colls"),
-        Binding("t", "show_tab('timeline')", "Timeline"),
-        Binding("m", "show_tab('metrics')", "Metrics"),
+        Binding("o", "show_tab('overview')", "Overview", show=False),
+        Binding("g", "show_tab('grid')", "Ranks", show=False),
+        Binding("r", "show_tab('rank')", "Rank", show=False),
+        Binding("c", "show_tab('colls')", "Collectives", show=False),
+        Binding("t", "show_tab('timeline')", "Timeline", show=False),
+        Binding("m", "show_tab('metrics')", "Metrics", show=False),
+        Binding("question_mark,f1", "help", "Help", key_display="?"),
         Binding("slash", "filter", "Filter"),
-        Binding("escape", "clear_filter", "Clear", show=False),
-        Binding("left_square_bracket", "step(-1)", "Prev", show=False),
-        Binding("right_square_bracket", "step(1)", "Next", show=False),
-        Binding("s", "stack", "Stack", show=False),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("s", "stack", "Stack"),
+        Binding("left_square_bracket", "step(-1)", "Prev", key_display="["),
+        Binding("right_square_bracket", "step(1)", "Next", key_display="]"),
+        Binding("tab", "app.focus_next", "Focus", key_display="⇥", priority=True),
+        Binding("shift+tab", "app.focus_previous", "Focus back", show=False, priority=True),
         Binding("q", "quit", "Quit"),
     ]
 
-    def __init__(self, path: str | Path, follow: bool = False, poll_s: float = 1.0) -> None:
+    def __init__(self, path: str | Path, follow: bool = False, poll_s: float = 1.0, trace: Any = None) -> None:
         super().__init__()
         self.path = Path(path)
         self.follow = follow
         self.poll_s = poll_s
         self.trace: Any = None
-        self.diagnosis: Any = None
-        self.perf: Any = None                # analysis.performance result
+        self.analysis: Any = None            # ncclscope.analysis.run(trace)
+        self._given = trace                  # a trace loaded before the app started (run_tui, tests)
         self.run_model: M.RunModel | None = None
         self.rank = -1                       # rank shown in the Rank tab
         self._focus_op = -1
         self._stale: set[str] = set(TABS)    # tabs whose data changed since they were last shown
         self._stop = threading.Event()
         self._want_focus = ""                # widget to focus once the tab switch lands
+        self.filters: dict[str, str] = {t: "" for t in TABS}   # per tab; shown under it while set
+        self.error = ""                      # why the run could not be opened (printed after exit)
+        self.live_note = ""                  # --follow: why a hang verdict is held back
         self.updates = 0                     # models applied (tests wait on it)
         self.timings: dict[str, float] = {}  # seconds from start to each stage's model on screen
         self._t0 = time.monotonic()
@@ -110,28 +105,35 @@ class NcclscopeApp(App[None]):
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False, icon="")
         with TabbedContent(initial="overview", id="tabs"):
-            with TabPane("Overview", id="overview"):
-                yield OverviewView(id="ov")
-            with TabPane("Ranks", id="grid"):
-                yield RanksView(id="rg")
-            with TabPane("Rank", id="rank"):
-                yield RankView(id="rk")
-            with TabPane("Collectives", id="colls"):
-                yield CollectivesView(id="co")
-            with TabPane("Timeline", id="timeline"):
-                yield TimelineView(id="tl")
-            with TabPane("Metrics", id="metrics"):
-                yield MetricsView(id="mx")
+            views = {"overview": OverviewView, "grid": RanksView, "rank": RankView, "colls": CollectivesView,
+                     "timeline": TimelineView, "metrics": MetricsView}
+            ids = {"overview": "ov", "grid": "rg", "rank": "rk", "colls": "co", "timeline": "tl", "metrics": "mx"}
+            for tab in TABS:
+                key, title = TAB_TITLES[tab]
+                with TabPane(f"[b]{key}[/b] {title}", id=tab):
+                    yield views[tab](id=ids[tab])
+        yield Static(id="filter-label")
         yield Input(placeholder="filter (Enter to keep, Esc to clear)", id="filter")
-        yield Footer(compact=True)
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         self.query_one("#filter", Input).display = False
+        self.query_one("#filter-label").display = False
+        self.query_one(TabbedContent).query_one(Tabs).can_focus = False   # Tab cycles within the tab on show
         self.query_one("#ov-findings").focus()
         self.load()
 
     def on_unmount(self) -> None:
         self._stop.set()
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        for tab in TABS:
+            key, title = TAB_TITLES[tab]
+            yield SystemCommand(f"Show {title}", f"switch to the {title} tab (key {key})",
+                                lambda tab=tab: self.action_show_tab(tab))
+        yield SystemCommand("Help", "every key of this TUI (? or F1)", self.action_help)
+        yield SystemCommand("Clear filter", "clear the filter of the tab on show (Esc)", self.action_clear_filter)
 
     # ---- loading (thread worker) ----------------------------------------
     @work(thread=True, exclusive=True, group="load")
@@ -140,25 +142,29 @@ class NcclscopeApp(App[None]):
         worker = get_current_worker()
         progress = self._progress_cb()
         run = _read_run(self.path)
-        if run.get("world_size"):
+        if run.get("world_size") and self._given is None:
             self._ui(self.apply, M.preliminary_model(self.path, run), None)
             self._stop.wait(0.15)   # let the UI thread paint the first screen before loading takes the GIL
-        from ..trace import TraceError, load as load_trace
+        from ..trace import TraceError
         follower = None
         try:
-            if self.follow:
+            if self._given is not None:
+                trace = self._given
+            elif self.follow:
                 from .follow import Follower
                 follower = Follower(self.path)
                 progress("reading rank files", 0, None)
                 follower.poll(progress=lambda i, n: progress(f"reading rank files {i}/{n}", i, n))
                 trace = follower.trace()
             else:
-                progress(f"loading trace ({run.get('world_size', '?')} ranks)", 1, 4)
-                trace = load_trace(self.path)
+                from ..ingest import load_any
+                progress(f"loading trace ({run.get('world_size', '?')} ranks)", 1, 3)
+                trace = load_any(self.path)
         except TraceError as exc:
-            self._ui(self._fail, str(exc))
             if follower is None:
+                self._ui(self._fail, str(exc))
                 return
+            self._ui(self._set_progress, f"waiting for rank files: {exc}", None, None)
             trace = None
         except Exception as exc:  # a reader bug: say so instead of taking the terminal down
             self._ui(self._fail, f"{type(exc).__name__}: {exc}")
@@ -173,32 +179,31 @@ class NcclscopeApp(App[None]):
             return
         live = follower is not None and not follower.ended
         self._ui(self.apply, M.build_run_model(trace, None, live=live, stage="loaded"), trace)
-        progress("diagnosing", 2, 4)
-        self._analyse(trace, live, with_perf=not live, progress=progress)
+        progress("analysing", 2, 3)
+        self._analyse(trace, live)
         progress("", None, None)
         while follower is not None and not self._stop.wait(self.poll_s) and not worker.is_cancelled:
             try:
+                # each poll reads only the appended batches; the composer runs at most once per poll
                 if follower.poll():
-                    self._analyse(follower.trace(), not follower.ended, with_perf=follower.ended)
+                    self._analyse(follower.trace(), not follower.ended)
             except Exception as exc:  # keep following: the next poll may read a complete file
                 self._ui(self._set_progress, f"follow: {type(exc).__name__}: {str(exc)[:60]}", None, None)
 
-    def _analyse(self, trace: Any, live: bool, with_perf: bool, progress: Any = None) -> None:
-        diagnosis, why = run_analyses(trace)
-        model = M.build_run_model(trace, diagnosis, live=live, stage="diagnosed")
-        if diagnosis is None:
-            model.verdict, model.verdict_level = why, "warning"
-        self._ui(self.apply, model, trace, diagnosis)
-        if with_perf:
-            if progress is not None:
-                progress("performance analyses", 3, 4)
-            perf, found = run_performance(trace)
-            model = M.build_run_model(trace, diagnosis, found, live=live, stage="ready")
-            if diagnosis is None:
-                model.verdict, model.verdict_level = why, "warning"
-        else:
-            perf, model = None, replace(model, stage="ready")   # a new object: the UI holds the old one
-        self._ui(self.apply, model, trace, diagnosis, perf)
+    def _analyse(self, trace: Any, live: bool) -> None:
+        """Compose the verdict (`analysis.run`) and apply it; while a job is live, hold a premature hang."""
+        try:
+            analysis = analyse(trace)
+        except Exception as exc:  # the composer guards each analysis; this is a bug in it: say so
+            self._ui(self._set_progress, f"analysis failed: {type(exc).__name__}: {exc}", None, None)
+            return
+        note = ""
+        if live:
+            from .follow import hold_premature_hang
+            analysis, note = hold_premature_hang(analysis, trace)
+        self.live_note = note
+        model = M.build_run_model(trace, analysis, live=live, stage="ready")
+        self._ui(self.apply, model, trace, analysis)
 
     def _ui(self, fn: Any, *args: Any) -> None:
         """call_from_thread that tolerates the app having quit meanwhile."""
@@ -206,7 +211,9 @@ class NcclscopeApp(App[None]):
             return
         try:
             self.call_from_thread(fn, *args)
-        except RuntimeError:   # the app exited between the check and the call
+        except RuntimeError:   # the app exited between the check and the call; else a real bug: raise
+            if self.is_running and not self._stop.is_set():
+                raise
             self._stop.set()
 
     def _progress_cb(self) -> Any:
@@ -218,17 +225,17 @@ class NcclscopeApp(App[None]):
         self.query_one(OverviewView).set_progress(text, done, total)
 
     def _fail(self, message: str) -> None:
-        ov = self.query_one(OverviewView)
-        ov.set_progress("", None, None)
-        ov.query_one("#ov-verdict").update(f"cannot open {self.path}: {message}")
+        """The run cannot be opened: leave, and let run_tui print the one-line error (exit 2)."""
+        self.error = message
+        self.exit(return_code=EXIT_UNREADABLE)
 
     # ---- applying a model (UI thread) ------------------------------------
-    def apply(self, model: M.RunModel, trace: Any, diagnosis: Any = None, perf: Any = None) -> None:
+    def apply(self, model: M.RunModel, trace: Any, analysis: Any = None) -> None:
         self.run_model = model
         if trace is not None:
-            self.trace, self.diagnosis, self.perf = trace, diagnosis, perf
+            self.trace, self.analysis = trace, analysis
         overview = self.query_one(OverviewView)
-        overview.show_model(model)
+        overview.show_model(model, self.live_note)
         if model.stage == "ready":
             overview.set_progress("", None, None)
         self.query_one(RanksView).show_model(model)
@@ -237,6 +244,7 @@ class NcclscopeApp(App[None]):
             self.query_one(RanksView).focus_rank(self.rank)
         self._stale = set(TABS) - {"overview", "grid"}
         self._refresh_active()
+        self._show_filter_label()
         self.updates += 1
         self.timings.setdefault(model.stage, time.monotonic() - self._t0)
 
@@ -246,22 +254,24 @@ class NcclscopeApp(App[None]):
         if active not in self._stale or self.trace is None or self.run_model is None:
             return
         self._stale.discard(active)
+        findings = list(getattr(self.analysis, "findings", []) or [])
         if active == "rank" and self.rank >= 0:
             states = {c.rank: c.state for c in self.run_model.grid.cells}
-            findings = list(getattr(self.diagnosis, "findings", []) or [])
             detail = build_rank_detail(self.trace, self.rank, findings, states, self.run_model.root_ranks)
             self.query_one(RankView).show(detail, self._focus_op)
         elif active == "colls":
             head = next((f.group for f in self.run_model.findings if f.group), "")
-            self.query_one(CollectivesView).show(self.trace, head, getattr(self.diagnosis, "tables", None))
+            tables = getattr(getattr(self.analysis, "diagnosis", None), "tables", None)
+            self.query_one(CollectivesView).show(self.trace, head, tables)
         elif active == "timeline":
             self.query_one(TimelineView).show(self.trace)
         elif active == "metrics":
-            self.query_one(MetricsView).show(self.trace, self.perf)
+            self.query_one(MetricsView).show(self.trace, getattr(self.analysis, "perf", None))
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         """Tab switched (key, click): rebuild its view if stale and focus its main widget."""
         self._refresh_active()
+        self._show_filter_label()
         self._focus_main(self._want_focus or FOCUS[event.tabbed_content.active])
         self._want_focus = ""
 
@@ -286,6 +296,7 @@ class NcclscopeApp(App[None]):
 
     def action_show_tab(self, tab: str, focus: str = "") -> None:
         """Switch tab; focus follows in on_tabbed_content_tab_activated (after the switch, never racing it)."""
+        self._close_filter_box()
         tabs = self.query_one(TabbedContent)
         if tabs.active != tab:
             self._want_focus = focus
@@ -307,32 +318,66 @@ class NcclscopeApp(App[None]):
         if self.rank >= 0:
             self.action_show_tab("rank", focus="#rk-stack-box")
 
-    # ---- filter ----------------------------------------------------------
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(self))
+
+    # ---- filter (one per tab; always visible while set) -------------------------
+    @property
+    def active_tab(self) -> str:
+        return self.query_one(TabbedContent).active
+
     def action_filter(self) -> None:
         box = self.query_one("#filter", Input)
+        box.value = self.filters[self.active_tab]
         box.display = True
+        self.query_one("#filter-label").display = False
         self.screen.set_focus(box)   # now, not after a refresh: keys typed right after "/" are the filter
 
     def action_clear_filter(self) -> None:
+        """Esc: close the filter box and clear the filter of the tab on show."""
         box = self.query_one("#filter", Input)
-        if box.display or box.value:
-            box.value = ""
+        tab = self.active_tab
+        if not (box.display or self.filters[tab]):
+            return
+        self.filters[tab] = ""
+        self._apply_filter(tab, "")
+        self._close_filter_box()
+        self._show_filter_label()
+        self._focus_main(FOCUS[tab])
+
+    def _close_filter_box(self) -> None:
+        box = self.query_one("#filter", Input)
+        if box.display:
             box.display = False
-            self._apply_filter("")
-            self.action_show_tab(self.query_one(TabbedContent).active)
+            self._show_filter_label()
+
+    def _show_filter_label(self) -> None:
+        text = self.filters[self.active_tab]
+        label = self.query_one("#filter-label", Static)
+        editing = self.query_one("#filter", Input).display
+        label.display = bool(text) and not editing
+        if text:
+            t = Text(no_wrap=True, overflow="ellipsis")
+            t.append(" filter: ", style="bold")
+            t.append(text, style="bold reverse")
+            t.append("  (Esc clears, / edits)", style="dim")
+            label.update(t)
 
     def on_input_changed(self, event: Input.Changed) -> None:
-        if event.input.id == "filter":
-            self._apply_filter(event.value)
+        if event.input.id == "filter" and event.input.display:
+            self.filters[self.active_tab] = event.value.strip()
+            self._apply_filter(self.active_tab, event.value)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         if event.input.id == "filter":
-            event.input.display = bool(event.value)
-            self.action_show_tab(self.query_one(TabbedContent).active)
+            event.input.display = False
+            self._show_filter_label()
+            self._focus_main(FOCUS[self.active_tab])
 
-    def _apply_filter(self, text: str) -> None:
+    def _apply_filter(self, tab: str, text: str) -> None:
         view = {"overview": OverviewView, "grid": RanksView, "rank": RankView, "colls": CollectivesView,
-                "timeline": TimelineView, "metrics": MetricsView}[self.query_one(TabbedContent).active]
+                "timeline": TimelineView, "metrics": MetricsView}[tab]
         self.query_one(view).set_filter(text)  # type: ignore[attr-defined]
 
 
@@ -344,11 +389,32 @@ def _read_run(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _has_rank_dirs(path: Path) -> bool:
+    try:
+        return any(p.name.startswith("rank-") and p.is_dir() for p in path.iterdir())
+    except OSError:
+        return False
+
+
 def run_tui(path: str | Path, follow: bool = False, poll_s: float = 1.0) -> int:
-    """Entry point for `ncclscope tui`; returns the process exit code."""
-    if not Path(path).is_dir() and not follow:
-        import sys
-        print(f"ncclscope: {path}: not a run directory", file=sys.stderr)
-        return 2
-    NcclscopeApp(path, follow=follow, poll_s=poll_s).run()
-    return 0
+    """Entry point for `ncclscope tui`; returns the process exit code.
+
+    2 (with the one-line error `ncclscope analyze` prints) when the directory
+    cannot be read; non-zero when the app dies of an exception."""
+    path = Path(path)
+    trace = None
+    if not follow and not _has_rank_dirs(path):
+        # not a ncclscope run directory: a foreign trace (Flight Recorder, profiler), or nothing readable
+        from ..ingest import load_any
+        from ..trace import TraceError
+        try:
+            trace = load_any(path)
+        except TraceError as exc:
+            print(f"ncclscope: {exc}", file=sys.stderr)
+            return EXIT_UNREADABLE
+    app = NcclscopeApp(path, follow=follow, poll_s=poll_s, trace=trace)
+    app.run()
+    if app.error:
+        print(f"ncclscope: {app.error}", file=sys.stderr)
+    code = app.return_code
+    return 0 if code is None else int(code)

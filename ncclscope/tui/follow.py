@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
 
@@ -252,3 +253,71 @@ def _rank_info(r: int, meta: dict[str, Any]) -> RankInfo:
                     clock_uncertainty_ns=_int(meta.get("clock_uncertainty_ns"), 0),
                     coords={str(k): _int(v) for k, v in coords.items()},
                     end_status=str(end.get("status", "")), end_message=str(end.get("message", "")))
+
+
+# ---- a live job: no hang verdict before the wait is long -------------------------------
+# A healthy job always has ops in flight: rank 0 has just entered its optimizer, rank 1 has
+# posted all_reduce #5 and rank 0 has not yet. A post-mortem reads that as a hang; a job that is
+# still running must wait longer than the op's own history says it takes before calling one.
+HISTORY_FACTOR = 5.0        # a wait must exceed this many times the op's median duration ...
+MIN_WAIT_S = 1.0            # ... and at least this long, and half the run's --timeout-s when known
+NO_HISTORY_WAIT_S = 10.0    # an op never seen to finish (and no timeout known): this long
+
+
+def hold_premature_hang(analysis: Any, trace: Trace) -> tuple[Any, str]:
+    """(analysis, note): in a live job, the hang diagnosis' findings are held back while every op the
+    ranks it names are waiting in is still within its own history (`wait_threshold_s`). The verdict
+    then comes from the composer's `compose_verdict` over the other findings; `note` says what
+    is being watched. A timeout, an error or a dead process is a fact: never held."""
+    diag = getattr(analysis, "diagnosis", None)
+    if diag is None or getattr(diag, "ok", True):
+        return analysis, ""
+    hang = [f for f in analysis.findings if any(f is g for g in diag.findings)]
+    ranks = sorted(set().union(*(f.involved_ranks for f in hang)) if hang else set())
+    ops = trace.ops
+    if not ranks or not len(ops):
+        return analysis, ""
+    mine = ops[ops["rank"].isin(ranks).to_numpy() & (ops["kind"] != S.KIND_MARKER).to_numpy()]
+    status = mine["status"].astype(str)
+    if status.isin([S.STATUS_TIMEOUT, S.STATUS_ERROR]).any():
+        return analysis, ""
+    if any(trace.ranks[r].state in ("killed", "failed") for r in ranks if r in trace.ranks):
+        return analysis, ""
+    infl = mine[(status == "inflight").to_numpy()]
+    if not len(infl):
+        return analysis, ""
+    now = trace.end_ns
+    cfg = trace.run.get("config") if isinstance(trace.run.get("config"), dict) else {}
+    timeout_s = cfg.get("timeout_s") if isinstance(cfg.get("timeout_s"), (int, float)) else None
+    done = ops[(ops["status"].astype(str) == "ok").to_numpy()]
+    median = done.groupby(done["op_name"].astype(str))["duration_ns"].median() / 1e9 if len(done) else None
+    worst, worst_ratio = None, 0.0
+    for row in infl.itertuples(index=False):       # the in-flight ops of the named ranks: a handful
+        name = str(row.op_name)
+        med = float(median.get(name, np.nan)) if median is not None else np.nan
+        limit = wait_threshold_s(med, timeout_s)
+        wait = max(now - int(row.start_ns), 0) / 1e9
+        if wait / limit > worst_ratio or worst is None:
+            worst, worst_ratio = (int(row.rank), name, wait, limit), wait / limit
+    if worst_ratio > 1.0:
+        return analysis, ""
+    from dataclasses import replace
+    from ..analysis.compose import compose_verdict
+    rest = [f for f in analysis.findings if not any(f is g for g in hang)]
+    verdict, level = compose_verdict(None, rest, analysis.errors)
+    rank, name, wait, limit = worst
+    note = (f"live: rank {rank} in {name} for {wait:.1f} s, within its history; "
+            f"a hang is called after {limit:.1f} s")
+    return replace(analysis, verdict=verdict, level=level, findings=rest), note
+
+
+def wait_threshold_s(median_s: float, timeout_s: float | None) -> float:
+    """How long an op may be in flight in a live job before it counts as a hang."""
+    parts = [MIN_WAIT_S]
+    if np.isfinite(median_s) and median_s > 0:
+        parts.append(HISTORY_FACTOR * median_s)
+    elif timeout_s is None:
+        parts.append(NO_HISTORY_WAIT_S)
+    if timeout_s is not None and timeout_s > 0:
+        parts.append(timeout_s / 2)
+    return max(parts)

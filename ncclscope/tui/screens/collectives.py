@@ -21,9 +21,14 @@ from textual.widgets.option_list import Option
 
 from .. import model as M
 from ...trace import Trace
+from ..widgets.tables import GroupList
 
 MAX_SEQS = 200
 MAX_P2P = 500
+# The runtime's clock alignment (runtime/telemetry.py measure_clock_offsets) is a ping-pong of traced
+# send/recv on the world group with this tag, before step 0: bookkeeping, not the job's p2p traffic.
+CLOCK_SYNC_TAG = 7
+CLOCK_SYNC_GROUP = "world"
 CELL = {"ok": ("✓", "green"), "inflight": ("…", "yellow"), "suspect": ("?", "bold yellow"),
         "timeout": ("T", "bold red"), "error": ("E", "bold red"), "missing": ("—", "bold white on red")}
 
@@ -79,17 +84,34 @@ def build_matrix(trace: Trace, group: str) -> M.CollMatrix:
                         hidden=hidden)
 
 
-def build_p2p(trace: Trace, tables: dict[str, Any] | None = None) -> list[M.P2PRow]:
-    """Send/recv pairs, unmatched and unfinished first (from the diagnosis when it has them)."""
+def clock_sync_mask(pairs: pd.DataFrame) -> pd.Series:
+    """Pairs that are the clock-sync ping-pong (world group, its tag, no step on either side)."""
+    step = pairs["send_step"].fillna(pairs["recv_step"]).fillna(-1)
+    rstep = pairs["recv_step"].fillna(pairs["send_step"]).fillna(-1)
+    group = pairs["send_process_group"].astype(object).where(pairs["send_process_group"].notna(),
+                                                              pairs["recv_process_group"]).astype(str)
+    return (pairs["tag"] == CLOCK_SYNC_TAG) & (step < 0) & (rstep < 0) & (group == CLOCK_SYNC_GROUP)
+
+
+def build_p2p(trace: Trace, tables: dict[str, Any] | None = None) -> tuple[list[M.P2PRow], int]:
+    """Send/recv pairs, unmatched and unfinished first (from the diagnosis when it has them), without the
+    clock-sync pings; returns (rows, number of clock-sync pairs hidden)."""
     pairs = (tables or {}).get("p2p_pairs")
     if pairs is None:
         try:
-            from ...analysis.p2p import match_p2p, p2p_ops
+            try:
+                from ...analysis.p2p_pairs import match_p2p, p2p_ops
+            except ImportError:      # before the pairing moved out of p2p.py
+                from ...analysis.p2p import match_p2p, p2p_ops
             pairs = match_p2p(p2p_ops(trace.ops)) if len(trace.ops) else None
         except Exception:   # the p2p analysis is optional for this view
             pairs = None
     if pairs is None or not len(pairs):
-        return []
+        return [], 0
+    sync = clock_sync_mask(pairs).to_numpy()
+    pairs = pairs[~sync]
+    if not len(pairs):
+        return [], int(sync.sum())
     send = pairs["send_status"].astype(object).where(pairs["send_status"].notna(), "—").astype(str)
     recv = pairs["recv_status"].astype(object).where(pairs["recv_status"].notna(), "—").astype(str)
     rank = (pairs["state"] != "matched").astype(int) * 2 + ((send != "ok") | (recv != "ok")).astype(int)
@@ -99,7 +121,7 @@ def build_p2p(trace: Trace, tables: dict[str, Any] | None = None) -> list[M.P2PR
     mb = order["send_microbatch"].fillna(order["recv_microbatch"]).fillna(-1).astype(int)
     where = ("step " + step.astype(str)).where(step >= 0, "") + (" mb " + mb.astype(str)).where(mb >= 0, "")
     return [M.P2PRow(src=int(r.src), dst=int(r.dst), tag=int(r.tag), seq=int(r.seq), send=r.send, recv=r.recv,
-                     state=str(r.state), where=w) for r, w in zip(order.itertuples(index=False), where)]
+                     state=str(r.state), where=w) for r, w in zip(order.itertuples(index=False), where)], int(sync.sum())
 
 
 class CollectivesView(Vertical):
@@ -114,7 +136,7 @@ class CollectivesView(Vertical):
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="co-top"):
-            yield OptionList(id="co-groups")
+            yield GroupList(id="co-groups")
             with Vertical(id="co-right"):
                 yield Static(id="co-title")
                 yield DataTable(id="co-matrix", cursor_type="row")
@@ -129,12 +151,15 @@ class CollectivesView(Vertical):
             self.group = preferred if preferred in names else (names[0] if names else "")
         self._fill_groups()
         self._show_group()
-        self._fill_p2p(build_p2p(trace, tables))
+        self._fill_p2p(*build_p2p(trace, tables))
+
+    def _shown_groups(self) -> list[tuple[str, int, bool]]:
+        return [(g, n, bad) for g, n, bad in self._groups if not self._filter or self._filter in g.lower()]
 
     def _fill_groups(self) -> None:
         ol = self.query_one("#co-groups", OptionList)
         ol.clear_options()
-        shown = [(g, n, bad) for g, n, bad in self._groups if not self._filter or self._filter in g.lower()]
+        shown = self._shown_groups()
         ol.add_options([Option(Text.assemble((("! " if bad else "  ")), (g, "bold red" if bad else ""),
                                              (f" {n}", "dim")), id=g) for g, n, bad in shown])
         for i, (g, _, _) in enumerate(shown):
@@ -147,14 +172,16 @@ class CollectivesView(Vertical):
         table.clear(columns=True)
         title = self.query_one("#co-title", Static)
         if not self.group:
-            title.update("no collectives recorded")
+            title.update(Text(f"no group matches the filter {self._filter!r}" if self._filter and self._groups
+                              else "no collectives recorded"))
+            self.matrix = None
             return
         mx = build_matrix(self._trace, self.group)
         self.matrix = mx
         missing = sum(row.count("missing") for row in mx.cells)
         t = Text()
         t.append(f"{self.group}", style="bold")
-        t.append(f" [{M.fmt_ranks(mx.members)}] · {len(mx.seqs)} collectives")
+        t.append(f" [{M.fmt_ranks(mx.members)}] · {len(mx.seqs)} collective{'s' if len(mx.seqs) != 1 else ''}")
         if mx.first_bad >= 0:
             k = mx.seqs[mx.first_bad]
             absent = [m for m, c in zip(mx.members, mx.cells[mx.first_bad]) if c == "missing"]
@@ -165,16 +192,16 @@ class CollectivesView(Vertical):
             t.append(" · all complete", style="green")
         title.update(t)
         table.add_column("#", key="seq", width=5)
-        table.add_column("op", key="op", width=12)
+        table.add_column("op", key="op", width=max([len(o) for o in mx.ops] + [6]))
         for m in mx.members[:256]:
             table.add_column(f"r{m}", key=f"r{m}")
         for seq, op, row in zip(mx.seqs, mx.ops, mx.cells):
             cells = [Text(CELL[c][0] if c in CELL else c[:1], style=CELL.get(c, ("", ""))[1]) for c in row[:256]]
-            table.add_row(str(seq), op, *cells, key=str(seq))
+            table.add_row(str(seq), Text(op), *cells, key=str(seq))
         if mx.seqs:
             table.move_cursor(row=mx.first_bad if mx.first_bad >= 0 else len(mx.seqs) - 1)
 
-    def _fill_p2p(self, rows: list[M.P2PRow]) -> None:
+    def _fill_p2p(self, rows: list[M.P2PRow], sync: int = 0) -> None:
         table = self.query_one("#co-p2p", DataTable)
         table.clear(columns=True)
         for label in ("src→dst", "tag", "seq", "send", "recv", "state", "where"):
@@ -185,8 +212,8 @@ class CollectivesView(Vertical):
                           Text(r.recv, style=CELL.get(r.recv, ("", ""))[1]),
                           Text(r.state, style=style.get(r.state, "")), r.where)
         bad = sum(1 for r in rows if r.state != "matched")
-        table.border_title = (f"p2p pairs: {len(rows)}" + (f", {bad} unmatched" if bad else "")) if rows \
-            else "p2p: none recorded"
+        table.border_title = ((f"p2p pairs: {len(rows)}" + (f", {bad} unmatched" if bad else "")) if rows
+                              else "p2p: none recorded") + (f" ({sync} clock-sync pings hidden)" if sync else "")
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
@@ -200,5 +227,11 @@ class CollectivesView(Vertical):
             self._show_group()
 
     def set_filter(self, text: str) -> None:
+        """Narrow the group list, and show the first matching group's matrix when the one on show is hidden."""
         self._filter = text.strip().lower()
+        names = [g for g, _, _ in self._shown_groups()]
+        if self.group not in names:
+            self.group = names[0] if names else ""
+            if hasattr(self, "_trace"):
+                self._show_group()
         self._fill_groups()

@@ -6,6 +6,9 @@ does not has silently diverged (a skipped all-reduce, a NaN, a desynchronised
 optimizer). Which rank and step deviate is the divergence analysis's answer
 (`analysis.performance`); this screen only draws it: sparklines share one
 scale across ranks so the odd one out is visible, deviating steps in red.
+The sparklines are as wide as the pane allows (one character per step when
+they fit, the largest value of each bucket of steps when not, so a one-step
+spike is never lost) and logarithmic when the values span more than 10x.
 """
 from __future__ import annotations
 
@@ -20,9 +23,10 @@ from textual.widgets import DataTable, Static
 
 from .. import model as M
 from ...trace import Trace
-from ..widgets.plots import sparkline
+from ..widgets.plots import sparkline, use_log_scale
 
-SPARK_W = 16
+SPARK_MIN = 8               # narrowest sparkline (an 80-column terminal with long rank labels)
+FIXED_W = 8 + 8 + 12 + 12   # the two "last" columns, "diverges at", cell padding
 
 
 def flagged(perf: Any) -> pd.DataFrame:
@@ -60,13 +64,11 @@ def build_metrics(trace: Trace, perf: Any = None) -> M.MetricsModel:
         f = a[np.isfinite(a)]
         return (float(f.min()), float(f.max())) if len(f) else (0.0, 1.0)
 
-    deg = M.degrees(trace.run, trace.ranks)
-    keys = [k for k in M.MESH_KEYS if deg[k] > 1]
+    keys = M.varying_keys(trace)
     rows = []
     for i, r in enumerate(ranks):      # one row per rank: display objects only
-        c = M.coords_of(r, trace.ranks.get(r), deg)
         fl, fg = la[i][np.isfinite(la[i])], ga[i][np.isfinite(ga[i])]
-        rows.append(M.MetricRow(rank=r, label=f"{r} " + "".join(f"{k}{c[k]}" for k in keys[:2]), loss=la[i],
+        rows.append(M.MetricRow(rank=r, label=f"{r} " + M.coord_label(r, trace, keys), loss=la[i],
                                 gnorm=ga[i], bad_steps=bad_by_rank.get(r, []),
                                 last_loss=float(fl[-1]) if len(fl) else float("nan"),
                                 last_gnorm=float(fg[-1]) if len(fg) else float("nan")))
@@ -96,11 +98,23 @@ class MetricsView(Vertical):
         for note in mm.notes[:3]:
             head.append(("⚠ " if diverged else "") + note + "\n", style="bold red" if diverged else "green")
         if mm.steps:
-            head.append(f"steps {mm.steps[0]}–{mm.steps[-1]} · loss {mm.loss_range[0]:.4g}–{mm.loss_range[1]:.4g}"
-                        f" · grad norm {mm.gnorm_range[0]:.4g}–{mm.gnorm_range[1]:.4g} (shared scale)",
-                        style="dim")
+            def scale(r: tuple[float, float]) -> str:
+                return f"{r[0]:.4g}–{r[1]:.4g}" + (" log" if use_log_scale(*r) else "")
+            head.append(f"steps {mm.steps[0]}–{mm.steps[-1]} · loss {scale(mm.loss_range)}"
+                        f" · grad norm {scale(mm.gnorm_range)} (shared scale)", style="dim")
         self.query_one("#mx-head", Static).update(head)
         self._fill()
+
+    def on_resize(self) -> None:
+        self._fill()
+
+    def spark_width(self) -> int:
+        """Characters per sparkline: the pane's width left over by the other columns, split in two."""
+        mm = self.model
+        label_w = max([8] + [len(r.label) for r in mm.rows]) if mm else 8
+        free = (self.size.width or 80) - label_w - FIXED_W - 2
+        n = len(mm.steps) if mm else 0
+        return max(min(SPARK_MIN, max(n, 1)), min(n, free // 2))
 
     def _fill(self) -> None:
         mm = self.model
@@ -108,8 +122,10 @@ class MetricsView(Vertical):
         table.clear(columns=True)
         if mm is None:
             return
-        for label, w in (("rank", 8), ("loss", SPARK_W), ("last", 8), ("grad norm", SPARK_W), ("last", 8),
-                         ("diverges at", 12)):
+        spark_w = self.spark_width()
+        label_w = max([8] + [len(r.label) for r in mm.rows])
+        for label, w in (("rank", label_w), ("loss", max(spark_w, 4)), ("last", 8), ("grad norm", max(spark_w, 9)),
+                         ("last", 8), ("diverges at", 12)):
             table.add_column(label, width=w)
         steps = np.array(mm.steps)
         for row in mm.rows:
@@ -118,9 +134,9 @@ class MetricsView(Vertical):
             bad = np.isin(steps, row.bad_steps)
             style = "bold red" if row.bad_steps else ""
             table.add_row(Text(row.label, style=style),
-                          sparkline(row.loss, *mm.loss_range, width=SPARK_W, bad=bad, style="cyan"),
+                          sparkline(row.loss, *mm.loss_range, width=spark_w, bad=bad, style="cyan"),
                           _num(row.last_loss),
-                          sparkline(row.gnorm, *mm.gnorm_range, width=SPARK_W, bad=bad, style="bright_blue"),
+                          sparkline(row.gnorm, *mm.gnorm_range, width=spark_w, bad=bad, style="bright_blue"),
                           _num(row.last_gnorm),
                           Text(",".join(map(str, row.bad_steps[:4])) or "-", style=style))
 
@@ -130,4 +146,4 @@ class MetricsView(Vertical):
 
 
 def _num(v: float) -> str:
-    return f"{v:.4g}" if np.isfinite(v) else ("-" if np.isnan(v) else str(v))
+    return f"{v:.4g}" if np.isfinite(v) else ("–" if np.isnan(v) else str(v))

@@ -13,6 +13,9 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import DataTable, Label, ProgressBar, Static
 
+from ..stacks import hide_own_frames
+from ..widgets.tables import OpenTable
+
 from ..model import FindingView, RunModel, fmt_ranks
 
 SEVERITY_MARK = {"error": "E", "warning": "W", "info": "i"}
@@ -38,7 +41,8 @@ class OverviewView(Vertical):
             yield ProgressBar(total=None, show_eta=False, id="ov-progress")
         yield Static(id="ov-info")
         yield Static(id="ov-verdict")
-        table: DataTable = DataTable(id="ov-findings", cursor_type="row", zebra_stripes=False)
+        yield Static(id="ov-live")
+        table: DataTable = OpenTable(id="ov-findings", cursor_type="row", zebra_stripes=False)
         table.add_column("sev", width=3, key="sev")
         table.add_column("kind", width=19, key="kind")
         table.add_column("ranks", width=5, key="ranks")
@@ -53,11 +57,12 @@ class OverviewView(Vertical):
         box = self.query_one("#ov-loading")
         box.display = bool(text)
         if text:
-            self.query_one("#ov-loading-label", Label).update(text)
+            self.query_one("#ov-loading-label", Label).update(Text(text))
             self.query_one("#ov-progress", ProgressBar).update(total=total, progress=done or 0)
 
     # ---- data ------------------------------------------------------------
-    def show_model(self, model: RunModel) -> None:
+    def show_model(self, model: RunModel, live_note: str = "") -> None:
+        """Every trace-derived string goes in as a `Text`: a gloo error with `[/path]` in it is not markup."""
         self.model = model
         info = Text(no_wrap=False)
         info.append("run ", style="dim")
@@ -72,7 +77,10 @@ class OverviewView(Vertical):
             info.append(model.warnings[0], style="dim italic")
         self.query_one("#ov-info", Static).update(info)
         verdict = self.query_one("#ov-verdict", Static)
-        verdict.update(model.verdict)
+        verdict.update(Text(model.verdict))
+        live = self.query_one("#ov-live", Static)
+        live.display = bool(live_note)
+        live.update(Text(live_note, style="dim italic"))
         for level in ("error", "warning", "ok", "pending", "info"):
             verdict.set_class(model.verdict_level == level, f"-{level}")
         self._fill_table()
@@ -87,13 +95,18 @@ class OverviewView(Vertical):
         for fv in self._shown:
             sev = Text(SEVERITY_MARK.get(fv.severity, "?"), style=f"bold {_sev_color(fv.severity)}")
             kind = fv.kind + ("" if fv.role != "supporting" else " ·")
-            table.add_row(sev, kind, fmt_ranks(fv.ranks) or "-", fv.title, key=str(fv.index))
+            table.add_row(sev, Text(kind), Text(fmt_ranks(fv.ranks) or "-"), Text(fv.title, no_wrap=True),
+                          key=str(fv.index))
+        total = len(self.model.findings) if self.model else 0
+        table.border_title = f"findings: {len(self._shown)} of {total} shown (filter)" if f else ""
         if self._shown:
             table.move_cursor(row=min(keep, len(self._shown) - 1))
             self._show_detail(self._shown[table.cursor_row])
         else:
             empty = "no findings" if self.model and self.model.stage == "ready" else ""
-            self.query_one("#ov-detail", Static).update(empty)
+            if f:
+                empty = f"no finding matches the filter ({total} hidden; Esc clears it)"
+            self.query_one("#ov-detail", Static).update(Text(empty))
 
     def set_filter(self, text: str) -> None:
         self._filter = text.strip().lower()
@@ -113,6 +126,9 @@ class OverviewView(Vertical):
             t.append("  • " + ev.describe() + "\n")
         if len(fv.evidence) > 12:
             t.append(f"  … {len(fv.evidence) - 12} more evidence rows\n", style="dim")
+        if fv.stack:
+            t.append("stack:\n", style="dim")
+            t.append(hide_own_frames(fv.stack) + "\n")
         self.query_one("#ov-detail", Static).update(t)
 
     @property

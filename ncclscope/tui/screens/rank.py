@@ -14,6 +14,7 @@ from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
 from .. import model as M
+from ..stacks import hide_own_frames
 from ...findings import Finding
 from ...trace import STATUS_INFLIGHT, Trace
 
@@ -24,8 +25,11 @@ STATUS_STYLE = {"ok": "green", "inflight": "yellow", "suspect": "bold yellow", "
 
 def _excerpt(text: str) -> str:
     try:
-        from ...analysis.waitfor import stack_excerpt
-        return stack_excerpt(text)
+        try:
+            from ...analysis.stacks import stack_excerpt
+        except ImportError:          # before stacks.py was split out of waitfor.py
+            from ...analysis.waitfor import stack_excerpt
+        return hide_own_frames(stack_excerpt(text, max_frames=16))
     except Exception:   # the analysis is optional here: show the raw dump
         return ""
 
@@ -67,8 +71,7 @@ def build_rank_detail(trace: Trace, rank: int, findings: list[Finding], states: 
                                 duration=M.fmt_seconds(dur[i]) + ("+" if inflight[i] else ""), status=st))
     info = trace.ranks.get(rank)
     deg = M.degrees(trace.run, trace.ranks)
-    c = M.coords_of(rank, info, deg)
-    coords = " ".join(f"{k}{c[k]}" for k in M.MESH_KEYS if deg[k] > 1)
+    coords = M.coord_label(rank, trace)
     state = states.get(rank, "unknown")
     how = info.state if info else "missing"
     try:
@@ -107,6 +110,8 @@ def _metric_lines(trace: Trace, rank: int) -> list[str]:
 
     def arrow(col: str, fmt: str = "{:.4g}") -> str:
         v = mine[col].to_numpy(dtype=float)
+        if np.isnan(v).all():
+            return "–"               # this rank computes no loss (an early pipeline stage)
         v = v[np.isfinite(v)] if np.isfinite(v).any() else v
         return fmt.format(v[0]) if len(v) == 1 else f"{fmt.format(v[0])} → {fmt.format(v[-1])}"
 
@@ -129,11 +134,7 @@ class RankView(Vertical):
 
     def compose(self) -> ComposeResult:
         yield Static("no rank selected: pick one in the Ranks tab or press Enter on a finding", id="rk-head")
-        table: DataTable = DataTable(id="rk-ops", cursor_type="row")
-        for label, width in (("op", 18), ("group", 8), ("seq", 4), ("peer", 4), ("step", 4), ("duration", 9),
-                             ("status", 8)):
-            table.add_column(label, width=width, key=label)
-        yield table
+        yield DataTable(id="rk-ops", cursor_type="row")
         with VerticalScroll(id="rk-stack-box"):
             yield Static(id="rk-stack")
         yield Static(id="rk-metrics")
@@ -151,24 +152,31 @@ class RankView(Vertical):
         elif detail.findings:
             head.append(detail.findings[0], style="dim")
         self.query_one("#rk-head", Static).update(head)
-        self._fill()
+        self._fill(columns=True)
         self.query_one("#rk-stack-box").border_title = f"stack of rank {detail.rank}"
         self.query_one("#rk-stack", Static).update(Text(detail.stack))
-        self.query_one("#rk-metrics", Static).update(" · ".join(detail.metrics))
+        self.query_one("#rk-metrics", Static).update(Text(" · ".join(detail.metrics)))
 
-    def _fill(self) -> None:
+    def _fill(self, columns: bool = False) -> None:
         table = self.query_one("#rk-ops", DataTable)
-        table.clear()
+        table.clear(columns=columns)
         if self.detail is None:
             return
+        if columns or not table.columns:
+            # the op column is as wide as its longest name: all_gather_into_tensor is never cut
+            op_w = max([len(o.text) for o in self.detail.ops] + [12])
+            grp_w = max([len(o.group) for o in self.detail.ops] + [5])
+            for label, width in (("op", op_w), ("group", grp_w), ("seq", 4), ("peer", 4), ("step", 4),
+                                 ("duration", 9), ("status", 8)):
+                table.add_column(label, width=width, key=label)
         f = self._filter
         target = 0
         shown = [o for o in self.detail.ops if not f or f in f"{o.text} {o.status} step {o.step}".lower()]
         for i, o in enumerate(shown):
             if o.op_id == self._focus_op:
                 target = i
-            table.add_row(o.text, o.group, o.seq if o.seq >= 0 else "", o.peer if o.peer >= 0 else "",
-                          o.step if o.step >= 0 else "", o.duration,
+            table.add_row(Text(o.text), Text(o.group), o.seq if o.seq >= 0 else "", o.peer if o.peer >= 0 else "",
+                          o.step if o.step >= 0 else "", Text(o.duration),
                           Text(o.status, style=STATUS_STYLE.get(o.status, "")), key=str(o.op_id))
         extra = self.detail.n_ops - len(self.detail.ops)
         table.border_title = f"ops of rank {self.detail.rank}, newest first" + (

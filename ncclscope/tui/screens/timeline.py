@@ -2,7 +2,11 @@
 
 For a pipeline run this is the schedule as it actually ran: `F0` / `B0`
 forward / backward of microbatch 0, `c` collectives, `p` p2p, `·` idle (the
-bubble). An op that did not end ok (in flight at the end, timed out, failed) is
+bubble). Compute wins over communication where they overlap: with tensor
+parallelism every forward is full of tp all-reduces, and drawing those on top
+would hide the 1F1B pattern; a collective shows where the rank did nothing
+else (the data-parallel all-reduce after the backward, a wait). Each row is
+labelled with every mesh coordinate that varies (pp0 dp1 tp1). An op that did not end ok (in flight at the end, timed out, failed) is
 drawn in reverse video; in a hung step the view zooms on the schedule up to
 the last op that ended ok and the waits run off the right edge. The rank
 whose line looks different is where to look. `[` and `]` change the step.
@@ -19,7 +23,7 @@ from .. import model as M
 from ...trace import STATUS_INFLIGHT, Trace
 from ..widgets.plots import CODES, gantt_lines
 
-LABEL_W = 13
+LABEL_W = 13                 # at least; wider when the coordinates need it
 
 
 def default_step(trace: Trace) -> int:
@@ -38,12 +42,11 @@ def build_timeline(trace: Trace, step: int) -> M.TimelineModel:
     """The spans of `step` on every rank, aligned to rank 0's clock."""
     ops = trace.ops
     ranks = sorted(trace.ranks)
-    deg = M.degrees(trace.run, trace.ranks)
-    keys = [k for k in M.MESH_KEYS if deg[k] > 1]
+    keys = M.varying_keys(trace)
+    digits = len(str(max(ranks, default=0)))
 
     def label(r: int) -> str:
-        c = M.coords_of(r, trace.ranks.get(r), deg)
-        return f"{r:>4} " + "".join(f"{k}{c[k]}" for k in keys[:2])
+        return f"{r:>{digits}} " + M.coord_label(r, trace, keys)
 
     empty = np.array([], dtype=np.int64)
     real = ops[(ops["kind"] != "marker").to_numpy() & (ops["step"] >= 0).to_numpy()] if len(ops) else ops
@@ -122,7 +125,8 @@ class TimelineView(Vertical):
         if tl is None:
             return
         box = self.query_one("#tl-box")
-        width = max(10, (box.content_region.width or self.size.width) - LABEL_W - 3)   # 2 bars + scrollbar
+        label_w = max([LABEL_W] + [len(x) + 1 for x in tl.labels])
+        width = max(10, (box.content_region.width or self.size.width) - label_w - 3)   # 2 bars + scrollbar
         styles = {c: self.get_component_rich_style(f"gantt--{c}", partial=True) for c in CODES}
         styles["idle"] = self.get_component_rich_style("gantt--idle", partial=True)
         styles["open"] = self.get_component_rich_style("gantt--open", partial=True)
@@ -149,9 +153,9 @@ class TimelineView(Vertical):
         body = Text(no_wrap=True, overflow="crop")
         f = self._filter
         for r, lab, line in zip(tl.ranks, tl.labels, lines):
-            if f and f not in lab.lower() and f != str(r):
+            if f and not all(w in lab.lower() for w in f.split()) and f != str(r):
                 continue
-            body.append(f"{lab:<{LABEL_W}}"[:LABEL_W], style=label_style)
+            body.append(f"{lab:<{label_w}}", style=label_style)
             body.append("│")
             body.append_text(line)
             body.append("│\n")

@@ -34,7 +34,7 @@ class RankGrid(Widget, can_focus=True):
         Binding("down,j", "move(0,1)", "Down", show=False),
         Binding("left,h", "move(-1,0)", "Left", show=False),
         Binding("right,l", "move(1,0)", "Right", show=False),
-        Binding("enter", "open", "Open rank", show=False),
+        Binding("enter", "open", "Open rank", key_display="⏎"),
     ]
 
     cursor: reactive[int] = reactive(0)
