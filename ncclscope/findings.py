@@ -11,7 +11,8 @@ finding is about, the instances the waiters are blocked in, the ranks
 involved, the wait summary, the root rank's stack, what a headline explains —
 are typed fields. `data` keeps only analysis-specific extras that nothing but
 the JSON output reads. `to_json` writes the typed fields back under their old
-`data` keys, so the JSON shape does not change.
+`data` keys, so the JSON shape does not change; a finding built with one of
+those keys in `data` raises, so a producer cannot bypass the typed field.
 """
 from __future__ import annotations
 
@@ -156,10 +157,10 @@ class Explains:
     ranks: tuple[int, ...]
 
 
-# `data` keys that earlier analyses used for what are now typed fields; a finding
-# built with them has them moved into the fields (see Finding._adopt_legacy).
-_LEGACY_KEYS = ("role", "supports", "instance", "instances", "involved", "stack", "explains",
-                "wait_summary", "waiting_ranks", "direct_waiters", "wait_s")
+# The `data` keys `to_json` writes from the typed fields. An analysis that passes one of them in
+# `data` is refused: the field is the contract (a key there would be silently shadowed).
+TYPED_DATA_KEYS = ("role", "supports", "instance", "instances", "involved", "stack", "explains",
+                   "wait_summary", "waiting_ranks", "direct_waiters", "wait_s")
 
 
 @dataclass
@@ -201,34 +202,11 @@ class Finding:
             self.instance = InstanceRef.of(self.instance)
         self.instances = [i for i in (InstanceRef.of(x) for x in self.instances) if i is not None]
         self.involved = [int(r) for r in self.involved]
-        if any(k in self.data for k in _LEGACY_KEYS):
-            self._adopt_legacy()
-
-    def _adopt_legacy(self) -> None:
-        """Move payloads an analysis still passed as `data` keys into the typed fields."""
-        d = self.data = dict(self.data)
-        if "role" in d:
-            self.role = Role(d.pop("role"))
-        if "supports" in d:
-            self.supports = str(d.pop("supports"))
-        if "instance" in d:
-            self.instance = InstanceRef.of(d.pop("instance"))
-        if "instances" in d:
-            self.instances = [i for i in (InstanceRef.of(x) for x in d.pop("instances") or []) if i is not None]
-        if "involved" in d:
-            self.involved = [int(r) for r in d.pop("involved") or []]
-        if "stack" in d:
-            self.stack = str(d.pop("stack") or "")
-        if any(k in d for k in ("wait_summary", "waiting_ranks", "direct_waiters", "wait_s")):
-            w = d.pop("wait_s", None)
-            self.wait = WaitSummary(text=str(d.pop("wait_summary", "") or ""),
-                                    waiting_ranks=tuple(int(r) for r in d.pop("waiting_ranks", []) or []),
-                                    direct_waiters=tuple(int(r) for r in d.pop("direct_waiters", []) or []),
-                                    wait_s=None if w is None else float(w))
-        if "explains" in d:
-            e = d.pop("explains") or {}
-            self.explains = Explains(str(e.get("kind", "")), str(e.get("title", "")),
-                                     tuple(int(r) for r in e.get("ranks", [])))
+        clash = [k for k in TYPED_DATA_KEYS if k in self.data]
+        if clash:
+            raise ValueError(f"finding {self.kind.value!r} passes {', '.join(clash)} in data: these are typed "
+                             f"fields of Finding (role=, supports=, instance=InstanceRef(group, seq), instances=, "
+                             f"involved=, stack=, explains=Explains(...), wait=WaitSummary(...))")
 
     @property
     def involved_ranks(self) -> set[int]:

@@ -20,9 +20,12 @@ from trace_builder import NS, TraceBuilder
 
 from ncclscope.analysis.collectives import analyze_collectives
 from ncclscope.analysis.diagnose import OK_VERDICT, Diagnosis, diagnose
-from ncclscope.analysis.groups import analyze_groups, fmt_ranks, group_label, majority_vote
+from ncclscope.analysis.groups import analyze_groups
+from ncclscope.analysis.labels import fmt_ranks, group_label, majority_vote
 from ncclscope.analysis.p2p import analyze_p2p
-from ncclscope.analysis.waitfor import analyze_waits, stack_excerpt, strongly_connected
+from ncclscope.analysis.stacks import stack_excerpt
+from ncclscope.analysis.waitfor import analyze_waits
+from ncclscope.analysis.waitgraph import strongly_connected
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -193,6 +196,9 @@ def test_rank_that_skipped_a_collective_is_the_root_not_the_ranks_that_timed_out
     assert kinds(d) == [("hang", [3])]
     missing = [f for f in d.findings if f.data.get("missing_participant") and f.ranks == [3]]
     assert missing and missing[0].role == "supporting"
+    # the payloads are typed fields, written by the analyses themselves
+    assert (h.instance.group, h.instance.seq) == ("dp0", 5) and h.wait.waiting_ranks == (0, 1, 2)
+    assert (missing[0].instance.group, missing[0].instance.seq) == ("dp0", 5) and missing[0].supports == h.title
 
 
 def test_rank_that_exited_normally_while_others_wait_is_the_root():
@@ -487,7 +493,8 @@ def test_a_skip_in_an_earlier_step_is_named_by_majority_in_a_larger_group():
 def test_ranks_still_inside_their_last_step_are_not_a_sequence_shift():
     # Rank 0 is blocked earlier in step 3 than rank 1: different counts in an unfinished step are
     # progress, not a skip. Nobody skipped: the census finds nothing.
-    from ncclscope.analysis.collectives import collective_ops, step_census_deviations
+    from ncclscope.analysis.census import step_census_deviations
+    from ncclscope.analysis.instances import collective_ops
     b = TraceBuilder(2, groups={"dp0": [0, 1]})
     for r in (0, 1):
         for s in range(3):
@@ -669,6 +676,18 @@ def test_helpers():
     dev = majority_vote(df, ["g"], "v")
     assert sorted(zip(dev["g"], dev["rank"], dev["tie"])) == [("a", 2, False), ("b", 0, True)]
     assert stack_excerpt(FAULTHANDLER_DUMP).splitlines()[1].strip().startswith('File "/app/model.py"')
+
+
+def test_typed_payloads_are_fields_and_data_keys_for_them_are_refused():
+    from ncclscope.findings import Evidence, Finding, InstanceRef, WaitSummary
+    ev = [Evidence(rank=0, note="blocked")]
+    for key in ("instance", "waiting_ranks", "role", "stack"):
+        with pytest.raises(ValueError, match=f"passes {key} in data: these are typed fields"):
+            Finding(kind="hang", severity="error", title="t", ranks=[0], evidence=ev, data={key: ["dp0", 1]})
+    f = Finding(kind="hang", severity="error", title="t", ranks=[0], evidence=ev, instance=InstanceRef("dp0", 1),
+                wait=WaitSummary(text="rank 1 waiting", waiting_ranks=(1,)), data={"cycle": [0, 1]})
+    data = f.to_json()["data"]
+    assert data["instance"] == ["dp0", 1] and data["waiting_ranks"] == [1] and data["cycle"] == [0, 1]
 
 
 # ---------------------------------------------------------------------------

@@ -18,8 +18,8 @@ People need one headline per root cause, so this module:
    blocked in or before it: that is the first rank to deviate, even when an
    innocent neighbour crashed on the mismatch or everybody timed out);
 3. files the collective / p2p / group findings about the same ranks or
-   instance under it as supporting (`data["role"] == "supporting"`,
-   `data["supports"]` = the headline's title);
+   instance under it as supporting (`role == Role.SUPPORTING`,
+   `supports` = the headline's title);
 4. sorts most severe first (headlines before independent findings before
    supporting ones) and writes the verdict from the first headline.
 """
@@ -32,10 +32,12 @@ import pandas as pd
 
 from ..findings import SEVERITIES, Explains, Finding, Role
 from .compose import OK_VERDICT, hang_verdict
-from .collectives import analyze_collectives, collective_ops, max_seq_table
-from .groups import analyze_groups, group_views, membership
-from .p2p import analyze_p2p, p2p_ops
-from .waitfor import analyze_waits, stack_for
+from .collectives import analyze_collectives
+from .groups import analyze_groups
+from .index import index_of
+from .p2p import analyze_p2p
+from .stacks import stack_for
+from .waitfor import analyze_waits
 
 if TYPE_CHECKING:
     from ..trace import Trace
@@ -65,16 +67,14 @@ class Diagnosis:
 
 
 def diagnose(trace: Trace, max_per_group: int = 5) -> Diagnosis:
-    """Run every hang analysis on `trace` and reduce it to headline findings and a verdict."""
-    coll = collective_ops(trace.ops)
-    p2p = p2p_ops(trace.ops)
-    views = group_views(trace)
-    members = membership(trace, coll, views)
-    max_seq = max_seq_table(coll)
-    cr = analyze_collectives(trace, coll, members, max_per_group=max_per_group, max_seq=max_seq)
-    pr = analyze_p2p(trace, p2p)
-    gr = analyze_groups(trace, coll, cr.missing, members, views)
-    wr = analyze_waits(trace, coll, p2p, members, max_seq)
+    """Run every hang analysis on `trace` and reduce it to headline findings and a verdict.
+
+    Each question reads the trace's index (built once, see index.py), never its own copy of the tables."""
+    ix = index_of(trace)
+    cr = analyze_collectives(ix, max_per_group=max_per_group)
+    pr = analyze_p2p(ix)
+    gr = analyze_groups(ix)
+    wr = analyze_waits(ix)
     roots = [f for f in wr.findings if f.severity == "error"]
     context = [f for f in wr.findings if f.severity != "error"]
     findings = combine(trace, roots, cr.findings + pr.findings + gr.findings + context)

@@ -14,6 +14,18 @@ own local grad norm, while its peers' differ, never applied the reduction.
 Otherwise the replica with the highest dp index is named, and the finding
 says that the choice is a guess.
 
+Cause or inherited. Every rank of one model replica (its tp and pp partners,
+same dp coordinate) shares the global grad norm, and through it the clip
+coefficient, and each stage feeds the next its activations. So when one
+rank's own state diverges, its partners' metrics move too: their global norm
+at once, their parameters by the clip coefficient (a relative change orders of
+magnitude smaller). The finding names as causes (`Finding.ranks`) the ranks
+whose own parameter checksum is off at the first divergent step by at least
+ROOT_SHARE (10%) of the largest relative deviation among the ranks of their
+replica; ranks that are off only in the global norm, by less than that, or
+only at later steps are listed in `data["affected"]` and in the title
+("...; ranks X inherited it"), not as causes.
+
 NaN/Inf: the first non-finite value. A rank's local grad norm (before any
 reduction) names the origin; the reduced norm, loss and checksum only show
 where it spread. A marker row named "nonfinite" (or "nan") in the events
@@ -31,11 +43,12 @@ import pandas as pd
 
 from ..findings import Evidence, Finding
 from ..trace import Trace
-from .groups import fmt_ranks, rank_label
+from .labels import fmt_ranks, rank_label
 
 CHECKED = ("param_checksum", "grad_norm_global")
 NONFINITE_ORDER = ("grad_norm_local", "loss", "grad_norm_global", "param_checksum")
 REL_TOL = 1e-6
+ROOT_SHARE = 0.10   # own deviation, share of the largest in its replica, to be a cause
 
 
 @dataclass
@@ -103,14 +116,22 @@ def _check_replicas(trace: Trace, m: pd.DataFrame, res: DivergenceResult) -> Non
     if not frames:
         return
     dev = pd.concat(frames, ignore_index=True)
-    # Resolve ties once per replica set: the rank that kept its local gradient
-    # at the earliest tied step, else (a guess) the highest dp index.
+    step0 = int(dev["step"].min())
+    skip = _skip_signature(trace, m, step0, sorted(int(r) for r in dev.loc[dev["step"] == step0, "rank"].unique()))
+    # Resolve ties once per replica set: the rank whose norms fit a skipped
+    # reduction (see _skip_signature) and its model-parallel partners, else the
+    # rank that kept its local gradient at the earliest tied step, else (a
+    # guess) the highest dp index.
     tied = dev[dev["tie"]]
     dev["guess"] = False
     if len(tied):
         n_same = tied.groupby(["replica_set", "step", "metric"])["same_local"].transform("sum")
         sig = tied[tied["same_local"] & (n_same < tied["n"])].sort_values("step")
         blame = sig.drop_duplicates("replica_set").set_index("replica_set")["rank"]
+        if skip is not None:
+            rep = _replica_of(trace)
+            mates = tied[[rep.get(int(r)) == rep.get(skip) for r in tied["rank"]]]
+            blame = mates.drop_duplicates("replica_set").set_index("replica_set")["rank"]
         top = tied.sort_values(["dp", "rank"]).drop_duplicates("replica_set", keep="last").set_index("replica_set")["rank"]
         chosen = blame.reindex(top.index).fillna(top).astype("int64")
         keep = ~dev["tie"] | (dev["rank"].to_numpy() == dev["replica_set"].map(chosen).to_numpy())
@@ -125,22 +146,119 @@ def _check_replicas(trace: Trace, m: pd.DataFrame, res: DivergenceResult) -> Non
     first = int(dev["step"].min())
     res.first_divergent_step = first
     at = dev[dev["step"] == first]
-    ranks = sorted(int(r) for r in at["rank"].unique())
+    roots, affected, how = _causes(trace, dev, first, skip)
     ev = []
-    for _, row in at.head(8).iterrows():
+    for _, row in at.sort_values("rank", key=lambda r: ~r.isin(roots)).head(8).iterrows():
+        role = "" if int(row["rank"]) in roots else " (inherited)"
         ev.append(Evidence(rank=int(row["rank"]), note=(
-            f"step {first}: {row['metric']} {row['value']:.9g}, its replicas {row['reference']:.9g}"),
+            f"step {first}: {row['metric']} {row['value']:.9g}, its replicas {row['reference']:.9g}{role}"),
             time_ns=int(m.loc[(m["rank"] == row["rank"]) & (m["step"] == first), "time_ns"].iloc[0])))
-    later = dev[dev["rank"].isin(ranks)]
-    what = ", ".join(sorted(at["metric"].unique()))
-    guess = bool(at["guess"].any())
-    title = (f"{rank_label(trace, ranks)} diverged from {'its' if len(ranks) == 1 else 'their'} data-parallel "
+    mine = at[at["rank"].isin(roots)]
+    later = dev[dev["rank"].isin(roots)]
+    what = ", ".join(sorted(mine["metric"].unique()))
+    guess = bool(mine["guess"].any())
+    title = (f"{rank_label(trace, roots)} diverged from {'its' if len(roots) == 1 else 'their'} data-parallel "
              f"replicas at step {first} ({what} differ"
              + (f"; still off at step {int(later['step'].max())}" if later["step"].max() > first else "") + ")"
+             + (f"; {rank_label(trace, affected)} inherited it ({how})" if affected else "")
              + (" — two replicas disagree and nothing says which is wrong; the higher dp index is named" if guess else ""))
-    res.findings.append(Finding("grad_divergence", "error", title, ranks, ev,
-                                {"step": first, "ranks": ranks, "metrics": sorted(at["metric"].unique()),
-                                 "ambiguous": guess}))
+    res.findings.append(Finding("grad_divergence", "error", title, roots, ev,
+                                {"step": first, "ranks": roots, "affected": affected,
+                                 "metrics": sorted(mine["metric"].unique()), "ambiguous": guess}))
+
+
+def _replica_of(trace: Trace) -> dict[int, tuple]:
+    """rank -> its model replica: every coordinate but tp and pp (the ranks that share one global grad norm)."""
+    return {r: tuple(v for k, v in sorted(info.coords.items()) if k not in ("tp", "pp"))
+            for r, info in trace.ranks.items()}
+
+
+def _skip_signature(trace: Trace, m: pd.DataFrame, step: int, candidates: list[int]) -> int | None:
+    """The one candidate whose norms fit "this rank kept its local gradient" at `step`, or None.
+
+    Per model replica d and position s (tp, pp), l[s, d] is the local grad norm
+    before the reduction and G[d] the replica's global norm after it. Healthy
+    replicas reduced position s to the same r[s], with |mean| bounds
+    lo[s] = max(0, (2 max_d l - sum_d l) / n) <= r[s] <= hi[s] = sum_d l / n.
+    If rank (s*, d*) skipped: G[d*]^2 - G[o]^2 = l[s*, d*]^2 - r[s*]^2, so
+    r[s*]^2 follows; it must lie in [lo^2, hi^2], and G[o]^2 - r[s*]^2 (the other
+    positions' share) in [sum lo^2, sum hi^2]. A candidate whose replica's
+    global norm did not move cannot have skipped. Exactly one feasible
+    candidate is the answer; none or several say nothing. Only without cp and
+    ep (their reductions span other groups)."""
+    ranks = trace.ranks
+    if not candidates or any(not ranks[r].coords for r in ranks if ranks[r].present):
+        return None
+    if any(info.coords.get("cp", 0) or info.coords.get("ep", 0) for info in ranks.values()):
+        return None
+    x = m[(m["step"] == step)][["rank", "grad_norm_local", "grad_norm_global"]]
+    x = x[np.isfinite(x["grad_norm_local"]) & np.isfinite(x["grad_norm_global"])]
+    if not len(x):
+        return None
+    rep = {r: str(v) for r, v in _replica_of(trace).items()}     # string keys: plain index labels
+    pos = {r: f"tp{info.coords.get('tp', 0)}/pp{info.coords.get('pp', 0)}" for r, info in ranks.items()}
+    x = x.assign(rep=[rep.get(int(r)) for r in x["rank"]], pos=[pos.get(int(r)) for r in x["rank"]])
+    reps = sorted(x["rep"].unique())
+    positions = sorted(x["pos"].unique())
+    if len(reps) < 2 or len(x) != len(reps) * len(positions):
+        return None
+    l = x.set_index(["pos", "rep"])["grad_norm_local"]
+    G = x.groupby("rep")["grad_norm_global"]
+    if (G.max() - G.min()).max() > 1e-6 * max(float(G.max().max()), 1e-12):
+        return None                                         # one replica, one global norm
+    G = G.median()
+    n = len(reps)
+    lo = {s: max(0.0, (2 * l.loc[s].max() - l.loc[s].sum()) / n) for s in positions}
+    hi = {s: l.loc[s].sum() / n for s in positions}
+    fits = []
+    for r in candidates:
+        if r not in rep or rep[r] not in G.index or (pos[r], rep[r]) not in l.index:
+            continue
+        s_, d_ = pos[r], rep[r]
+        others = G.drop(d_)
+        g_o = float(others.median())
+        tol = 1e-5 * max(g_o * g_o, 1e-12)
+        if (others - g_o).abs().max() ** 2 > tol or abs(G[d_] ** 2 - g_o ** 2) <= tol:
+            continue
+        r2 = float(l.loc[(s_, d_)]) ** 2 - (float(G[d_]) ** 2 - g_o ** 2)
+        rest = g_o ** 2 - r2
+        if lo[s_] ** 2 - tol <= r2 <= hi[s_] ** 2 + tol and \
+                sum(lo[t] ** 2 for t in positions if t != s_) - tol <= rest <= sum(hi[t] ** 2 for t in positions if t != s_) + tol:
+            fits.append(r)
+    return fits[0] if len(fits) == 1 else None
+
+
+def _causes(trace: Trace, dev: pd.DataFrame, first: int, skip: int | None = None) -> tuple[list[int], list[int], str]:
+    """(causes, affected, how) from the deviations: see the module docstring."""
+    at = dev[dev["step"] == first]
+    everyone = sorted(int(r) for r in dev["rank"].unique())
+    if skip is not None and skip in set(int(r) for r in at["rank"]):
+        affected = [r for r in everyone if r != skip]
+        return [skip], affected, (f"through the global grad norm; the norms fit only rank {skip} keeping its own "
+                                  f"gradient" if affected else "")
+    own = at[at["metric"] == "param_checksum"]
+    if not len(own):
+        # no parameter moved yet: the ranks at the first step, preferring a skipped reduction's signature
+        roots = sorted(int(r) for r in at["rank"].unique())
+        return roots, [r for r in everyone if r not in roots], "later steps"
+    own = own.assign(rel=(own["value"] - own["reference"]).abs()
+                     / np.maximum(own["reference"].abs(), 1e-12))
+    replica = _replica_of(trace)
+    own = own.assign(replica=[replica.get(int(r), (int(r),)) for r in own["rank"]])
+    top = own.groupby("replica")["rel"].transform("max")
+    roots = sorted(int(r) for r in own.loc[own["rel"] >= ROOT_SHARE * top, "rank"].unique())
+    affected = [r for r in everyone if r not in roots]
+    if not affected:
+        return roots, [], ""
+    reasons = []
+    norm_only = set(int(r) for r in at["rank"]) - set(int(r) for r in own["rank"])
+    small = own[own["rel"] < ROOT_SHARE * top]
+    if norm_only or len(small):
+        reasons.append("through the global grad norm" + (
+            f": own parameters off {small['rel'].max():.1g} relative vs {top.max():.1g}" if len(small) else ""))
+    if set(affected) - norm_only - set(int(r) for r in small["rank"]):
+        reasons.append("at later steps")
+    return roots, affected, "; ".join(reasons)
 
 
 def _check_nonfinite(trace: Trace, m: pd.DataFrame, res: DivergenceResult) -> None:

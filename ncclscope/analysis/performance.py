@@ -6,6 +6,10 @@ communication, divergence, utilization, MoE/CP, memory.
     perf = analyze_performance(load("runs/a"))
     print(perf.verdict); [print(f.title) for f in perf.findings]
 
+Findings at `info` severity are measurements inside the run's own noise
+(see each module's significance rule); they are listed but never make the
+verdict or the exit code.
+
 Why one entry: the report, the TUI and the CLI must show the same numbers,
 so they all call this and only present what it returns. Each analysis runs
 on its own; if one fails on a strange trace, its error is recorded in
@@ -51,13 +55,16 @@ class PerfResult:
     @property
     def verdict(self) -> str:
         """One line for the top of the report."""
-        if not self.findings:
-            return "No performance problem found" + (f" ({len(self.errors)} analyses failed)" if self.errors else "")
+        serious = [f for f in self.findings if f.severity in ("warning", "error")]
+        if not serious:
+            notes = len(self.findings)
+            return "No performance problem found" + (f" ({len(self.errors)} analyses failed)" if self.errors else "") \
+                + (f" ({notes} note{'s' if notes != 1 else ''} within this run's noise, at info)" if notes else "")
         kinds: dict[str, int] = {}
-        for f in self.findings:
+        for f in serious:
             kinds[f.kind] = kinds.get(f.kind, 0) + 1
-        head = self.findings[0].title
-        return f"{len(self.findings)} performance finding(s) ({', '.join(kinds)}); first: {head}"
+        head = serious[0].title
+        return f"{len(serious)} performance finding(s) ({', '.join(kinds)}); first: {head}"
 
     def summary(self) -> dict[str, Any]:
         """Headline numbers for JSON output."""

@@ -19,9 +19,38 @@ by the delay r imposed as last arriver, but never by more than r's excess
 compute over that median: saving(step) = min(skew caused, compute excess).
 Peers are ranks at the same pipeline position (same work), else everyone; the
 median is the peers' (with two ranks, the other one's time).
+
+Significance (what makes a `straggler` a warning). Ranks that share cores
+(8 ranks on 2 here) take turns being late by scheduler noise; a finding that
+changes the exit code must stand out of the run's own noise on all of:
+
+- last arrivals, across steps and collectives: a training step counts as
+  "led" when the rank was last at a strict majority of its collectives in
+  it; the number of led steps k of n, against Binomial(n, p0) with p0 the mean of
+  1/members over its collectives (every member equally likely last; a
+  conservative null for "most of the step's collectives"): one-sided tail
+  P(X >= k) <= ALPHA (0.01), and k >= MIN_STEP_FRAC (2/3) of n. Steps, not
+  collectives, are the trials: a rank descheduled once is late at every
+  collective of that step, so collectives of one step are not independent
+  (with two-member groups, three steps can never be significant: 1/8);
+- effect size: its compute over the counted steps (the first step is left
+  out when there are three or more: it carries warm-up) at least MIN_RATIO
+  (1.25x) its healthy peers' median, and at least MIN_Z (3) standard
+  deviations above it: z = log(ratio) / max(sigma, NOISE_FLOOR = 0.10), sigma
+  = the spread of log compute between the healthy peers (two or more): the
+  larger of 1.4826 * MAD and 1.2533 * mean absolute deviation from the
+  median (a handful of peers makes the MAD alone blind to one slow peer),
+  or, with a single peer, the standard error of the median of the per-step
+  log ratio (step-to-step consistency);
+- what-if saving: at least MIN_SAVING_FRAC (5%) of run time and 1 ms per step.
+
+A rank that passes the saving and last-arrival-share floors but not the
+tests is reported at `info` severity with its numbers (it does not change
+the exit code); `ranks` holds p_last, steps_led, effect_ratio, noise, z.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -29,9 +58,18 @@ import pandas as pd
 
 from ..findings import Evidence, Finding
 from ..trace import Trace
-from .groups import rank_label
+from .index import index_of
+from .labels import rank_label
 
 MS = 1e6
+ALPHA = 0.01             # binomial tail on the steps a rank was last in
+MIN_STEP_FRAC = 2 / 3    # steps in which the rank was last at most of its collectives
+MIN_RATIO = 1.25         # compute over the healthy peers' median
+MIN_Z = 3.0              # robust z of that excess against the healthy peers' spread
+NOISE_FLOOR = 0.10       # floor of the spread, in log units (about 10%): z >= 3 needs >= 1.35x
+MIN_SAVING_FRAC = 0.05   # what-if saving floor, fraction of run time
+MIN_SAVING_STEP_NS = 1e6 # and per step
+MAD_SIGMA = 1.4826       # MAD -> standard deviation for a normal
 
 
 @dataclass
@@ -45,26 +83,10 @@ class StragglerResult:
 def group_table(trace: Trace) -> pd.DataFrame:
     """One row per process group: name, kind, size, members (the majority view).
 
-    Membership comes from `Trace.group_members`, which votes over the distinct
-    group views (one per distinct groups.json, not one per rank), so this stays
-    cheap at 1,024 ranks. Cached on the trace (the table is read-only)."""
-    cache = vars(trace).setdefault("_perf_cache", {})
-    key = ("groups", id(trace.groups))
-    if key in cache:
-        return cache[key]
-    cols = ["process_group", "group_kind", "size", "members"]
-    members = trace.group_members()
-    if not members:
-        out = pd.DataFrame(columns=cols)
-    else:
-        kinds = trace.groups.drop_duplicates("process_group").set_index("process_group")["group_kind"]
-        names = list(members)
-        out = pd.DataFrame({"process_group": names,
-                            "group_kind": [str(kinds.get(n, "custom")) for n in names],
-                            "size": [len(members[n]) for n in names],
-                            "members": [list(members[n]) for n in names]})
-    cache[key] = out.reset_index(drop=True)
-    return cache[key]
+    Membership comes from the trace's index (analysis/index.py), which votes
+    over the distinct group views (one per distinct groups.json, not one per
+    rank) once per trace, for the hang analyses and these alike. Read-only."""
+    return index_of(trace).group_table
 
 
 def collective_instances(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -122,7 +144,7 @@ def _peer_key(trace: Trace, ranks: np.ndarray) -> np.ndarray:
     return np.array([pp.get(int(r), 0) for r in ranks], dtype="int64")
 
 
-def analyze_stragglers(trace: Trace, min_saving_frac: float = 0.05, min_last_frac: float = 0.5) -> StragglerResult:
+def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, min_last_frac: float = 0.5) -> StragglerResult:
     res = StragglerResult()
     coll, inst = collective_instances(trace)
     ops = trace.ops
@@ -171,11 +193,19 @@ def analyze_stragglers(trace: Trace, min_saving_frac: float = 0.05, min_last_fra
     per["saving_frac"] = per["saving_ns"] / total_step if total_step > 0 else np.nan
     res.ranks = per.reset_index().sort_values("saving_ns", ascending=False).reset_index(drop=True)
 
-    cand = res.ranks[(res.ranks["saving_frac"] >= min_saving_frac) & (res.ranks["last_frac"] >= min_last_frac)
-                     & (res.ranks["saving_ns"] >= 1e6)].head(4)
     n_steps = max(1, len(step_time))
+    counted = _counted_steps(rs["step"].dropna().unique())
+    led = _last_by_step(coll, inst) if len(coll) and len(done) else pd.DataFrame()
+    cand = res.ranks[(res.ranks["saving_frac"] >= min_saving_frac) & (res.ranks["last_frac"] >= min_last_frac)
+                     & (res.ranks["saving_ns"] >= MIN_SAVING_STEP_NS * n_steps)].head(8)
+    stats = {int(row["rank"]): _significance(trace, int(row["rank"]), led, cstep, counted) for _, row in cand.iterrows()}
+    for col in ("p_last", "steps_led", "steps_seen", "effect_ratio", "noise", "z"):
+        res.ranks[col] = res.ranks["rank"].map({r: st[col] for r, st in stats.items()}).astype("float64")
+    sig = {r for r, st in stats.items() if st["significant"]}
+    res.ranks["significant"] = res.ranks["rank"].isin(sig)
     for _, row in cand.iterrows():
         r = int(row["rank"])
+        st = stats[r]
         mine = done[done["last_rank"] == r].sort_values("skew_ns", ascending=False).head(5)
         ev = [Evidence(rank=r, note=f"arrived {x['skew_ns'] / MS:.1f} ms after the first of {int(x['members'])} "
                                      f"(step {int(x['step'])})",
@@ -186,16 +216,142 @@ def analyze_stragglers(trace: Trace, min_saving_frac: float = 0.05, min_last_fra
             continue
         ratio = row["compute_ratio"]
         rtext = f", compute {ratio:.1f}x its peers' median" if np.isfinite(ratio) else ""
+        saving = (f"at the median speed each step would be {row['saving_ns'] / n_steps / MS:.1f} ms shorter "
+                  f"({row['saving_frac']:.0%} of run time)")
+        test = _test_text(st)
+        if st["significant"]:
+            sev = "warning"
+            title = (f"{rank_label(trace, [r])} is a straggler: last to arrive at {row['last_frac']:.0%} of its "
+                     f"collectives{rtext}; {saving} ({test})")
+        else:
+            sev = "info"
+            title = (f"{rank_label(trace, [r])} was last to arrive at {row['last_frac']:.0%} of its collectives"
+                     f"{rtext}, but that is within this run's noise ({test}; {_failed_text(st)})")
         res.findings.append(Finding(
-            "straggler", "warning",
-            f"{rank_label(trace, [r])} is a straggler: last to arrive at {row['last_frac']:.0%} of its collectives"
-            f"{rtext}; at the median speed each step would be {row['saving_ns'] / n_steps / MS:.1f} ms shorter "
-            f"({row['saving_frac']:.0%} of run time)",
+            "straggler", sev, title,
             [r], ev, {"rank": r, "saving_ns": float(row["saving_ns"]), "saving_frac": float(row["saving_frac"]),
                       "saving_per_step_ns": float(row["saving_ns"]) / n_steps,
                       "compute_ratio": float(ratio) if np.isfinite(ratio) else None,
-                      "last_frac": float(row["last_frac"])}))
+                      "last_frac": float(row["last_frac"]), "significant": bool(st["significant"]),
+                      **{k: (None if isinstance(v, float) and not np.isfinite(v) else v)
+                         for k, v in st.items() if k != "significant"}}))
     return res
+
+
+def binom_tail(k: int, n: int, p: float) -> float:
+    """P(X >= k) for X ~ Binomial(n, p), exact, in log space (no scipy)."""
+    if k <= 0:
+        return 1.0
+    if k > n or p <= 0:
+        return 0.0
+    if p >= 1:
+        return 1.0
+    j = np.arange(k, n + 1, dtype=np.float64)
+    logf = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, n + 1, dtype=np.float64)))])
+    ji = j.astype(np.int64)
+    logpmf = logf[n] - logf[ji] - logf[n - ji] + j * math.log(p) + (n - j) * math.log1p(-p)
+    top = float(logpmf.max())
+    return float(min(1.0, math.exp(top) * np.exp(logpmf - top).sum()))
+
+
+def robust_sigma(x: np.ndarray) -> float:
+    """1.4826 * MAD: the standard deviation of a normal sample, unmoved by a few outliers."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if len(x) < 2:
+        return float("nan")
+    return float(MAD_SIGMA * np.median(np.abs(x - np.median(x))))
+
+
+def spread_sigma(x: np.ndarray) -> float:
+    """Spread of a few values: the larger of 1.4826 * MAD and 1.2533 * mean |x - median| (both estimate a
+    normal's standard deviation; the second still sees one outlier among three)."""
+    x = np.asarray(x, dtype=np.float64)
+    x = x[np.isfinite(x)]
+    if len(x) < 2:
+        return float("nan")
+    dev = np.abs(x - np.median(x))
+    return float(max(MAD_SIGMA * np.median(dev), 1.2533 * dev.mean()))
+
+
+def _counted_steps(steps: np.ndarray) -> np.ndarray:
+    """Training steps used for the effect size: all but the first when there are three or more (warm-up)."""
+    steps = np.sort(np.asarray([s for s in steps if s >= 0], dtype=np.int64))
+    return steps[1:] if len(steps) >= 3 else steps
+
+
+def _last_by_step(coll: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, step): complete training collectives it was in (n), last at (k), sum of 1/members (p0_sum)."""
+    idx = coll["instance"].to_numpy()
+    ok = inst["complete"].to_numpy()[idx] & (coll["step"].to_numpy() >= 0) & (inst["members"].to_numpy()[idx] >= 2)
+    rows = coll.loc[ok, ["rank", "step"]].copy()
+    rows["last"] = (inst["last_rank"].to_numpy()[idx[ok]] == rows["rank"].to_numpy()).astype(np.int64)
+    rows["p0"] = 1.0 / inst["members"].to_numpy()[idx[ok]]
+    return rows.groupby(["rank", "step"], as_index=False).agg(n=("last", "size"), k=("last", "sum"),
+                                                              p0_sum=("p0", "sum"))
+
+
+def _significance(trace: Trace, r: int, led: pd.DataFrame, cstep: pd.DataFrame, counted: np.ndarray) -> dict:
+    """The tests of the module docstring for rank r: binomial on last arrivals, step consistency, effect size."""
+    out: dict = {"p_last": float("nan"), "steps_led": 0, "steps_seen": 0, "effect_ratio": float("nan"),
+                 "noise": float("nan"), "z": float("nan"), "noise_from": "", "significant": False}
+    mine = led[led["rank"] == r] if len(led) else led
+    if len(mine):
+        out["steps_led"] = int((mine["k"] * 2 > mine["n"]).sum())
+        out["steps_seen"] = int(len(mine))
+        p0 = float(mine["p0_sum"].sum()) / max(1, int(mine["n"].sum()))
+        out["p_last"] = binom_tail(out["steps_led"], out["steps_seen"], p0)
+    if len(cstep):
+        peer = cstep.loc[cstep["rank"] == r, "peer"]
+        if len(peer):
+            grp = cstep[(cstep["peer"] == int(peer.iloc[0])) & cstep["step"].isin(counted)]
+            piv = grp.pivot_table(index="step", columns="rank", values="compute_ns", aggfunc="sum")
+            if r in piv.columns:
+                piv = piv[piv[r].notna() & (piv[r] > 0)]
+                healthy = [q for q in piv.columns if q != r]
+                piv = piv[piv[healthy].notna().all(axis=1)] if healthy else piv
+                if healthy and len(piv):
+                    tot = piv.sum(axis=0)
+                    ref = float(np.median(tot[healthy]))
+                    if ref > 0:
+                        out["effect_ratio"] = float(tot[r] / ref)
+                        if len(healthy) >= 2:
+                            out["noise"] = spread_sigma(np.log(tot[healthy].to_numpy(dtype=np.float64)))
+                            out["noise_from"] = f"spread between {len(healthy)} healthy peers"
+                        elif len(piv) >= 3:
+                            lr = np.log(piv[r] / piv[healthy[0]]).to_numpy(dtype=np.float64)
+                            out["noise"] = 1.2533 * robust_sigma(lr) / math.sqrt(len(lr))
+                            out["noise_from"] = f"step-to-step spread over {len(lr)} steps"
+                        if np.isfinite(out["noise"]) and out["effect_ratio"] > 0:
+                            out["z"] = math.log(out["effect_ratio"]) / max(out["noise"], NOISE_FLOOR)
+    out["significant"] = bool(
+        np.isfinite(out["p_last"]) and out["p_last"] <= ALPHA
+        and out["steps_seen"] > 0 and out["steps_led"] >= MIN_STEP_FRAC * out["steps_seen"]
+        and np.isfinite(out["z"]) and out["z"] >= MIN_Z and out["effect_ratio"] >= MIN_RATIO)
+    return out
+
+
+def _test_text(st: dict) -> str:
+    parts = []
+    if np.isfinite(st["p_last"]):
+        parts.append(f"last in {st['steps_led']} of {st['steps_seen']} steps, binomial p={st['p_last']:.2g}")
+    if np.isfinite(st["z"]):
+        parts.append(f"compute {st['effect_ratio']:.2f}x its healthy peers, z={st['z']:.1f} against their "
+                     f"noise {max(st['noise'], NOISE_FLOOR):.0%}")
+    return "; ".join(parts) or "no arrival or compute statistics"
+
+
+def _failed_text(st: dict) -> str:
+    need = []
+    if not (np.isfinite(st["p_last"]) and st["p_last"] <= ALPHA):
+        need.append(f"p<={ALPHA:g}")
+    if not (st["steps_seen"] and st["steps_led"] >= MIN_STEP_FRAC * st["steps_seen"]):
+        need.append(f"last in >={MIN_STEP_FRAC:.0%} of steps")
+    if not (np.isfinite(st["z"]) and st["z"] >= MIN_Z):
+        need.append(f"z>={MIN_Z:g}")
+    if not (np.isfinite(st["effect_ratio"]) and st["effect_ratio"] >= MIN_RATIO):
+        need.append(f"compute >={MIN_RATIO:g}x")
+    return "a straggler needs " + ", ".join(need)
 
 
 def _step_times(trace: Trace) -> pd.Series:

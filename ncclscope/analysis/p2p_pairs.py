@@ -1,0 +1,96 @@
+"""P2p ops and their pairing: every send needs its recv, matched by (src, dst, tag, p2p_seq_id).
+
+`p2p_seq_id` counts a rank's ops in one direction with one peer, so the k-th
+send a -> b pairs with the k-th recv on b from a. `p2p_ops` builds the p2p
+rows (categorical strings, int64 src/dst/seq); `match_p2p` outer-joins the
+sends with the recvs. The p2p question (p2p.py) and the wait-for graph read
+both from the index, built once per trace.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from .. import schema as S
+
+KEY = ["src", "dst", "tag", "seq"]
+
+
+SIDE_COLUMNS = ["rank", "op_id", "op_name", "status", "start_ns", "input_sizes", "step", "microbatch", "stage",
+                "process_group"]
+
+
+
+def direction(op_name: pd.Series) -> np.ndarray:
+    """"send" for send/isend/..., "recv" for recv/irecv/..., "" otherwise."""
+    if isinstance(op_name.dtype, pd.CategoricalDtype):     # decide per category, not per row
+        cats = pd.Series(op_name.cat.categories.astype(str))
+        if not len(cats):
+            return np.full(len(op_name), "", dtype=object)
+        per_cat = direction(cats)
+        codes = op_name.cat.codes.to_numpy()
+        return np.where(codes >= 0, per_cat[np.clip(codes, 0, None)], "")
+    name = op_name.astype(str).str.lower()
+    return np.where(name.str.endswith("recv"), "recv", np.where(name.str.endswith("send"), "send", ""))
+
+
+def _categorical(s: pd.Series) -> pd.Categorical:
+    """A string column as a categorical with "" for nulls: merges and row selections on millions of
+    p2p rows move int codes instead of strings. Built from codes: nothing is decoded per row."""
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        codes, cats = s.cat.codes.to_numpy(), s.cat.categories
+    else:
+        codes, cats = pd.factorize(s)
+    names = [str(c) for c in cats]
+    if (codes < 0).any():
+        if "" not in names:
+            names.append("")
+        codes = np.where(codes < 0, names.index(""), codes)
+    return pd.Categorical.from_codes(codes, categories=pd.Index(names, dtype=object))
+
+
+def p2p_ops(ops: pd.DataFrame) -> pd.DataFrame:
+    """The p2p ops with `direction`, `src`, `dst`, `seq` (int64); string columns are categoricals
+    ("" for nulls: compare them with strings, use .astype(str) on small subsets)."""
+    mask = (ops["kind"] == S.KIND_P2P).to_numpy()
+    sub = ops.loc[mask, ["rank", "op_id", "op_name", "process_group", "peer", "tag", "p2p_seq_id", "status",
+                         "start_ns", "end_ns", "input_sizes", "step", "microbatch", "stage", "call_site"]]
+    out = pd.DataFrame({
+        "rank": sub["rank"].to_numpy(np.int64), "op_id": sub["op_id"].to_numpy(),
+        "op_name": _categorical(sub["op_name"]), "process_group": _categorical(sub["process_group"]),
+        "peer": sub["peer"].to_numpy(np.int64), "tag": sub["tag"].to_numpy(np.int64),
+        "seq": sub["p2p_seq_id"].to_numpy(np.int64), "status": _categorical(sub["status"]),
+        "start_ns": sub["start_ns"].to_numpy(), "end_ns": sub["end_ns"].to_numpy(),
+        "input_sizes": _categorical(sub["input_sizes"]), "step": sub["step"].to_numpy(),
+        "microbatch": sub["microbatch"].to_numpy(), "stage": sub["stage"].to_numpy(),
+        "call_site": _categorical(sub["call_site"]),
+    })
+    d = direction(out["op_name"])
+    keep = (d != "") & (out["peer"].to_numpy() >= 0)
+    out = out[keep].reset_index(drop=True)
+    d = d[keep]
+    is_send = d == "send"
+    out["direction"] = pd.Categorical.from_codes(is_send.astype(np.int8), categories=["recv", "send"])
+    out["src"] = np.where(is_send, out["rank"], out["peer"])
+    out["dst"] = np.where(is_send, out["peer"], out["rank"])
+    return out
+
+
+def match_p2p(p2p: pd.DataFrame) -> pd.DataFrame:
+    """Outer-join sends with recvs on (src, dst, tag, seq).
+
+    Columns: src, dst, tag, seq, send_* and recv_* (op_id, op_name, status,
+    start_ns, ... NaN where that side was never posted) and `state`:
+    matched | send_only | recv_only.
+    """
+    sends = p2p[p2p["direction"] == "send"]
+    recvs = p2p[p2p["direction"] == "recv"]
+    s = sends[KEY + SIDE_COLUMNS].rename(columns={c: f"send_{c}" for c in SIDE_COLUMNS})
+    r = recvs[KEY + SIDE_COLUMNS].rename(columns={c: f"recv_{c}" for c in SIDE_COLUMNS})
+    s = s.drop_duplicates(KEY)
+    r = r.drop_duplicates(KEY)
+    pairs = s.merge(r, on=KEY, how="outer", indicator=True)
+    pairs["state"] = pairs["_merge"].cat.rename_categories({"both": "matched", "left_only": "send_only",
+                                                            "right_only": "recv_only"})
+    return pairs.drop(columns="_merge").reset_index(drop=True)
+

@@ -1,0 +1,275 @@
+"""The trace index: derived views built once per trace, typed, with errors that say what exists.
+
+Run: python -m pytest tests/test_index.py -q
+
+Hand-built traces (`TraceBuilder`) for the views, and one 4,096-rank hang
+assembled straight from numpy columns and one shared group view (the way the
+loader keeps byte-identical groups.json files), diagnosed inside the budget.
+"""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from trace_builder import NS, TraceBuilder, events_table
+
+from ncclscope import schema as S
+from ncclscope.analysis import index as index_module
+from ncclscope.analysis import run
+from ncclscope.analysis.diagnose import diagnose
+from ncclscope.analysis.index import GroupInfo, IndexLookupError, RankState, TraceIndex, index_of
+from ncclscope.analysis.membership import groups_from_views
+from ncclscope.trace import GroupViews, RankInfo, assemble
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def small() -> TraceBuilder:
+    b = TraceBuilder(4, groups={"dp0": [0, 1], "dp1": [2, 3], "world": [0, 1, 2, 3]})
+    for r in range(4):
+        b.heartbeats(r, 0.0, 5.0)
+        b.compute(r, "forward", start=0.5, end=0.9, step=0)
+        b.collective(r, "dp0" if r < 2 else "dp1", 1, start=1.0, end=1.5, step=0)
+        b.collective(r, "world", 1, start=2.0, end=2.5 if r != 3 else None, step=1)
+    return b
+
+
+# ---------------------------------------------------------------------------
+# Groups
+# ---------------------------------------------------------------------------
+def test_membership_is_the_view_most_ranks_recorded():
+    b = small()
+    b.group_view(3, "dp1", [2, 3, 0])                     # rank 3 disagrees
+    b.group_view(2, "world", [0, 1, 2], kind="custom")    # rank 2 disagrees on members and kind
+    trace = b.build()
+    ix = index_of(trace)
+    dp1 = ix.group("dp1")
+    assert isinstance(dp1, GroupInfo)
+    assert (dp1.members, dp1.kind, dp1.holders, dp1.n_views, dp1.recorded) == ((2, 3), "dp", 4, 2, True)
+    world = ix.group("world")
+    assert (world.members, world.kind, world.size, world.n_views) == ((0, 1, 2, 3), "world", 4, 2)
+    assert ix.members["dp0"] == [0, 1] and ix.kinds["dp0"] == "dp"
+    assert ix.label("dp1") == "dp1[2,3]"
+    gt = ix.group_table
+    assert list(gt.columns) == ["process_group", "group_kind", "size", "members"]
+    assert gt.set_index("process_group").loc["world", "members"] == [0, 1, 2, 3]
+
+
+def test_a_tie_between_views_goes_to_the_lowest_holder():
+    b = TraceBuilder(2, groups={"pair": [0, 1]}, group_kinds={"pair": "dp"})
+    b.group_view(1, "pair", [1, 0])
+    trace = b.build()
+    g = index_of(trace).group("pair")
+    assert (g.members, g.n_views) == ((0, 1), 2)      # rank 0's [0, 1], sorted; 1 vote each
+
+
+def test_a_group_used_but_never_recorded_gets_the_ranks_seen_using_it():
+    b = small()
+    b.collective(0, "side7", 1, start=3.0, end=3.1)
+    b.collective(2, "side7", 1, start=3.0, end=3.1)
+    trace = b.build()
+    ix = index_of(trace)
+    g = ix.group("side7")
+    assert (g.members, g.recorded, g.holders, g.kind) == ((0, 2), False, 0, "side")
+    assert "side7" not in ix.recorded and "side7" not in set(ix.group_table["process_group"])
+
+
+def test_membership_votes_over_distinct_views_not_ranks_times_groups():
+    """One view held by 16,384 ranks: one pass over one view, holders counted, not expanded."""
+    view = json.dumps([{"name": f"dp{d}", "kind": "dp", "ranks": list(range(d, 16384, 8)), "creation_order": d}
+                       for d in range(8)]).encode()
+    gv = GroupViews()
+    for r in range(16384):
+        gv.add(r, view, [], Path("."))
+    assert len(gv.views) == 1
+    got = groups_from_views(gv)
+    assert got["dp3"].holders == 16384 and got["dp3"].members[:3] == (3, 11, 19) and got["dp3"].n_views == 1
+
+
+# ---------------------------------------------------------------------------
+# Errors that say what is there
+# ---------------------------------------------------------------------------
+def test_unknown_group_names_the_groups_there_are():
+    trace = small().build()
+    ix = index_of(trace)
+    with pytest.raises(IndexLookupError) as err:
+        ix.group("dp3")
+    assert str(err.value) == "no process group 'dp3' in this trace: groups are dp0, dp1, world"
+    assert isinstance(err.value, LookupError)
+
+
+def test_long_group_lists_are_cut_with_a_count():
+    b = TraceBuilder(2, groups={f"tp{i}": [0, 1] for i in range(20)})
+    trace = b.build()
+    with pytest.raises(LookupError, match=r"groups are tp0, tp1, .*, \.\.\. \(20 in all\)"):
+        index_of(trace).group("dp0")
+
+
+def test_unknown_rank_instance_and_step_say_what_exists():
+    trace = small().build()
+    ix = index_of(trace)
+    with pytest.raises(IndexLookupError, match=r"^no rank 9 in this trace: ranks are 0-3 \(world size 4\)$"):
+        ix.rank_state(9)
+    with pytest.raises(IndexLookupError, match=r"^no collective #7 on dp0 in this trace: dp0 has #1-#1$"):
+        ix.instance("dp0", 7)
+    with pytest.raises(IndexLookupError, match=r"^no process group 'tp0'"):
+        ix.instance("tp0", 1)
+    with pytest.raises(IndexLookupError, match=r"^rank 1 recorded no ops in step 5: its steps are 0-1$"):
+        ix.step_window(1, 5)
+    assert ix.instance("world", 1)["n_began"] == 4
+
+
+def test_an_empty_trace_says_it_has_no_groups():
+    trace = TraceBuilder(2).build()
+    with pytest.raises(IndexLookupError, match="it records no process groups"):
+        index_of(trace).group("dp0")
+
+
+# ---------------------------------------------------------------------------
+# Ranks and steps
+# ---------------------------------------------------------------------------
+def test_rank_states_and_a_missing_rank():
+    b = small()
+    b.rank_state(1, present=False)         # its directory is gone: its events are dropped
+    trace = b.build()
+    ix = index_of(trace)
+    st = ix.rank_state(1)
+    assert isinstance(st, RankState)
+    assert (st.role, st.state) == ("dead", "missing") and "no trace directory" in st.dead_reason
+    three = ix.rank_state(3)
+    assert three.role == "blocked" and three.blocking == ("all_reduce #1 on world",)
+    assert list(ix.rank_states.index) == [0, 1, 2, 3]
+    assert set(ix.blocking["rank"]) == {3}
+
+
+def test_step_windows():
+    trace = small().build()
+    ix = index_of(trace)
+    w0 = ix.step_window(0, 0)
+    assert (w0.n_ops, w0.end_ns - w0.start_ns) == (2, NS)         # forward 0.5 s .. all_reduce end 1.5 s
+    assert ix.step_window(3, 1).end_ns == -1                      # its world all_reduce never ended
+    assert ix.step_window(0, 1).end_ns > 0
+
+
+# ---------------------------------------------------------------------------
+# Built once
+# ---------------------------------------------------------------------------
+def test_the_index_is_built_once_and_every_analysis_reuses_it(monkeypatch):
+    trace = small().build()
+    built: list[str] = []
+    for name in ("collective_ops", "p2p_ops", "end_states", "recorded_groups", "instance_table"):
+        real = getattr(index_module, name)
+        monkeypatch.setattr(index_module, name, lambda *a, _real=real, _n=name, **k: built.append(_n) or _real(*a, **k))
+    inits: list[int] = []
+    real_init = TraceIndex.__init__
+    monkeypatch.setattr(TraceIndex, "__init__", lambda self, t: inits.append(1) or real_init(self, t))
+    ix = index_of(trace)
+    assert index_of(trace) is ix
+    analysis = run(trace)                  # hang diagnosis and every performance analysis
+    assert analysis.errors == [], analysis.errors
+    assert index_of(trace) is ix and len(inits) == 1
+    assert sorted(built) == sorted(set(built)), built          # each view at most once
+    assert {"collective_ops", "end_states", "recorded_groups"} <= set(built)
+
+
+def test_replaced_tables_get_a_new_index():
+    trace = small().build()
+    ix = index_of(trace)
+    trace.ops = trace.ops.iloc[:-1].reset_index(drop=True)
+    assert index_of(trace) is not ix
+
+
+def test_the_index_does_not_keep_its_trace_alive():
+    trace = small().build()
+    ix = index_of(trace)
+    assert ix.trace is trace
+    del trace
+    import gc
+    gc.collect()
+    with pytest.raises(IndexLookupError, match="keep the Trace"):
+        ix.trace
+
+
+# ---------------------------------------------------------------------------
+# Scale: 4,096 ranks, a few events each
+# ---------------------------------------------------------------------------
+def synthetic_4096(world: int = 4096, tp: int = 8, skipper: int = 1234) -> "object":
+    """tp groups of 8 consecutive ranks, dp groups strided by 8 (512 members), one world group.
+
+    Step 0: tp all_reduce #1, dp all_reduce #1 (both end). Step 1: tp #2, then
+    `skipper` skips dp #2 and enters the world barrier #1; its 511 dp peers
+    block in dp #2; every other rank finishes dp #2 and blocks in the barrier.
+    Columns from numpy; one group view shared by every rank, as the loader
+    keeps byte-identical groups.json files."""
+    n_tp = world // tp
+    names = [f"tp{t}" for t in range(n_tp)] + [f"dp{d}" for d in range(tp)] + ["world"]
+    ranks = np.arange(world)
+    tp_g, dp_g = ranks // tp, n_tp + ranks % tp
+    peers = (ranks % tp == skipper % tp) & (ranks != skipper)
+    # per rank: (group code, seq, op, step, start s, ended)
+    slots = [(tp_g, 1, 0, 0, 1.0, True), (dp_g, 1, 0, 0, 1.5, True), (tp_g, 2, 0, 1, 2.0, True),
+             (dp_g, 2, 0, 1, 2.5, ~peers), (np.full(world, n_tp + tp), 1, 1, 1, 3.0, False)]
+    rows = []
+    for g, seq, op, step, start, ended in slots:
+        keep = ~(ranks == skipper) if (seq == 2 and g is dp_g) else np.ones(world, bool)
+        keep &= ~peers if op == 1 else True                      # the blocked peers never reach the barrier
+        rows.append(pd.DataFrame({"rank": ranks[keep], "g": np.broadcast_to(g, world)[keep], "seq": seq, "op": op,
+                                  "step": step, "start": start,
+                                  "ended": np.broadcast_to(ended, world)[keep]}))
+    ops = pd.concat(rows, ignore_index=True).sort_values(["rank", "start"], kind="stable")
+    ops["op_id"] = ops.groupby("rank").cumcount() + 1
+    t0 = 1_700_000_000 * NS
+    n = len(ops)
+
+    def cat(codes, values):
+        return pd.Categorical.from_codes(np.asarray(codes, dtype=int), categories=values)
+
+    begin = pd.DataFrame({
+        "rank": ops["rank"].to_numpy(), "op_id": ops["op_id"].to_numpy(), "phase": cat(np.zeros(n), ["begin", "end"]),
+        "time_ns": t0 + (ops["start"].to_numpy() * NS).astype(np.int64),
+        "kind": cat(np.zeros(n), [S.KIND_COLLECTIVE]), "op_name": cat(ops["op"], ["all_reduce", "barrier"]),
+        "process_group": cat(ops["g"], names), "collective_seq_id": ops["seq"].to_numpy(),
+        "step": ops["step"].to_numpy(), "status": cat(np.zeros(n), ["", "ok"]),
+        "call_site": cat(ops["op"], ["train.py:80", "train.py:99"]),
+        "input_sizes": cat(np.zeros(n), ["[[1024]]"]), "input_dtypes": cat(np.zeros(n), ["float32"])})
+    done = ops["ended"].to_numpy()
+    end = begin[done].assign(phase=cat(np.ones(done.sum()), ["begin", "end"]),
+                             status=cat(np.ones(done.sum()), ["", "ok"]),
+                             time_ns=begin["time_ns"].to_numpy()[done] + NS // 10)
+    beats = np.array([0.0, 2.0, 4.0])
+    m = world * len(beats)
+    hb = pd.DataFrame({"rank": np.repeat(ranks, len(beats)), "phase": cat(np.zeros(m), ["instant"]),
+                       "kind": cat(np.zeros(m), [S.KIND_MARKER]), "op_name": cat(np.zeros(m), [S.HEARTBEAT]),
+                       "time_ns": t0 + (np.tile(beats, world) * NS).astype(np.int64)})
+    view = json.dumps([{"name": name, "kind": name.rstrip("0123456789"),
+                        "ranks": (list(range(i * tp, i * tp + tp)) if i < n_tp else
+                                  list(range(i - n_tp, world, tp)) if i < n_tp + tp else list(range(world))),
+                        "creation_order": i, "backend": "gloo"} for i, name in enumerate(names)]).encode()
+    views = GroupViews()
+    for r in range(world):
+        views.add(r, view, [], Path("."))
+    infos = {r: RankInfo(rank=r, present=True, coords={"tp": r % tp, "dp": r // tp}) for r in range(world)}
+    tables = [events_table(pd.concat([begin, end, hb], ignore_index=True))]
+    return assemble(Path("<synthetic 4096>"), {"world_size": world}, world, infos, tables, group_views=views,
+                    warnings=[])
+
+
+def test_a_4096_rank_hang_is_diagnosed_in_budget_and_names_the_skipper():
+    t = time.perf_counter()
+    trace = synthetic_4096()
+    built_s = time.perf_counter() - t
+    t = time.perf_counter()
+    d = diagnose(trace)
+    elapsed = time.perf_counter() - t
+    assert elapsed < 45.0, f"diagnose took {elapsed:.1f} s (building the trace {built_s:.1f} s)"
+    h = d.findings[0]
+    assert (h.kind, h.ranks, h.role) == ("hang", [1234], "headline"), d.verdict
+    assert d.verdict.startswith("HANG: rank 1234 (dp 154, tp 2) never posted all_reduce #2 on dp2[2,10,...,4090] "
+                                "(511 of 512 members did) and went on to barrier #1 on world[0-4095]"), d.verdict
+    assert h.instance is not None and (h.instance.group, h.instance.seq) == ("dp2", 2)
+    assert h.wait is not None and len(h.wait.waiting_ranks) == 4095
+    assert len(index_of(trace).groups) == 4096 // 8 + 8 + 1
