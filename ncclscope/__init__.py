@@ -5,3 +5,15 @@ directory copied off a cluster can be opened on any laptop. The instrumented
 training runtime lives in `ncclscope.runtime` (source folder `runtime/`).
 """
 __version__ = "0.1.0"
+
+
+def step(n=None):
+    """Under `ncclscope run`: mark a step boundary (no-op otherwise). See ncclscope/usertrace."""
+    from .usertrace import step as _step
+    _step(n)
+
+
+def annotate(name):
+    """Under `ncclscope run`: write a marker row named `name` (no-op otherwise)."""
+    from .usertrace import annotate as _annotate
+    _annotate(name)

@@ -165,6 +165,8 @@ def run_ncclscope(argv: list[str], ws: Path, where: str, quoted: str = "") -> No
         return
     if ns.command == "demo":
         return   # parsed above; the reduced tour runs in tests/test_demo.py
+    if ns.command == "run":
+        return   # parsed above; tests/test_run_examples.py runs the examples under `ncclscope run`
     res = run_cli(*args, timeout=150, cwd=ws)
     assert res.returncode in (0, 1), (f"{where}: `{shlex.join(argv)}` exited {res.returncode}\n"
                                       f"stdout:\n{res.stdout[-2000:]}\nstderr:\n{res.stderr[-3000:]}")

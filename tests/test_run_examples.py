@@ -1,0 +1,262 @@
+"""`ncclscope run` end to end: users' own scripts (examples/), traced unchanged, diagnosed.
+
+Each test starts real gloo ranks through `ncclscope run` (torch's elastic
+launch underneath) or torchrun itself, in its own session with a hard
+timeout; on expiry the whole session is SIGKILLed, so no rank outlives it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, cli_env
+
+pytestmark = [pytest.mark.spawn, pytest.mark.e2e]
+
+
+def _run(cmd: list[str], timeout: float = 120.0) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cli_env(),
+                            cwd=ROOT, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{' '.join(cmd)} did not finish in {timeout} s\n{out[-3000:]}\n{err[-3000:]}")
+    finally:
+        try:   # reap anything the session left behind
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def ncclscope_run(out: Path, nproc: int, script: str, *args: str, timeout_s: float = 3.0,
+                  timeout: float = 120.0) -> subprocess.CompletedProcess:
+    return _run([sys.executable, "-m", "ncclscope", "run", "--nproc", str(nproc), "--timeout-s", str(timeout_s),
+                 "--out", str(out), "--no-analyze", "--", script, *args], timeout)
+
+
+def analyze(run_dir: Path) -> tuple[int, dict]:
+    r = _run([sys.executable, "-m", "ncclscope", "analyze", str(run_dir), "--json"], 90)
+    assert r.stdout.strip(), r.stderr[-3000:]
+    return r.returncode, json.loads(r.stdout)
+
+
+def line_of(path: str, marker: str) -> int:
+    for i, line in enumerate((ROOT / path).read_text().splitlines(), 1):
+        if marker in line:
+            return i
+    raise AssertionError(f"{marker!r} not in {path}")
+
+
+def ops(run_dir: Path):
+    from ncclscope.trace import load
+    return load(run_dir).ops
+
+
+def assert_healthy(run_dir: Path, proc: subprocess.CompletedProcess) -> dict:
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    code, rep = analyze(run_dir)
+    bad = [f for f in rep["findings"] if f["severity"] in ("error", "warning")]
+    assert code == 0 and not bad, (rep["verdict"], bad)
+    return rep
+
+
+def headline(rep: dict) -> dict:
+    heads = [f for f in rep["findings"] if (f.get("data") or {}).get("role") == "headline"] or rep["findings"]
+    assert heads, rep["verdict"]
+    return heads[0]
+
+
+def deviating_sites(run_dir: Path, finding: dict) -> set[str]:
+    """Call sites of the root ranks' evidence ops (the user's line the verdict points at)."""
+    t = ops(run_dir)
+    sites = set()
+    for ev in finding["evidence"]:
+        if ev["rank"] in finding["ranks"] and ev.get("op_id", -1) >= 0:
+            hit = t[(t["rank"] == ev["rank"]) & (t["op_id"] == ev["op_id"])]
+            sites.update(str(s) for s in hit["call_site"])
+    return sites
+
+
+# ---- DDP -------------------------------------------------------------------------
+def test_ddp_healthy_traced_directly_and_through_flight_recorder(tmp_path):
+    out = tmp_path / "ddp"
+    proc = ncclscope_run(out, 2, "examples/ddp.py", "--steps", "3")
+    assert "ddp: 3 steps on 2 ranks" in proc.stdout
+    assert_healthy(out, proc)
+    t = ops(out)
+    direct = t[~t["op_id"].ge(1 << 32)]
+    fr = t[t["op_id"].ge(1 << 32)]
+    for r in (0, 1):
+        assert (direct["rank"] == r).sum() == 1          # the script's own all_reduce
+        assert ((fr["rank"] == r) & (fr["op_name"] == "all_reduce")).sum() == 3   # DDP's reducer, once per step
+    assert set(direct["call_site"]) == {f"examples/ddp.py:{line_of('examples/ddp.py', 'the job' + chr(39) + 's own')}"}
+    assert (t["status"] == "ok").all()
+    run = json.loads((out / "run.json").read_text())
+    assert run["end_reason"] == "completed" and {v["exitcode"] for v in run["ranks"].values()} == {0}
+    for r in (0, 1):
+        groups = json.loads((out / f"rank-0000{r}" / "groups.json").read_text())
+        assert [g["name"] for g in groups] == ["world"] and groups[0]["ranks"] == [0, 1]
+
+
+def test_ddp_extra_all_reduce_on_one_rank_is_diagnosed(tmp_path):
+    out = tmp_path / "ddp-bug"
+    proc = ncclscope_run(out, 3, "examples/ddp.py", "--steps", "4", "--bug", "extra-allreduce", "--timeout", "5")
+    assert proc.returncode != 0
+    code, rep = analyze(out)
+    assert code == 1
+    f = headline(rep)
+    assert f["kind"] == "collective_mismatch" and f["ranks"] == [0], rep["verdict"]
+    bug_line = line_of("examples/ddp.py", "BUG: only rank 0")
+    assert f"examples/ddp.py:{bug_line}" in deviating_sites(out, f)
+
+
+# ---- the job's own failure reaches the user unchanged ------------------------------
+RAISES = """
+    import datetime, os, sys
+    import torch, torch.distributed as dist
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=20))
+    rank = dist.get_rank()
+    t = torch.ones(4)
+    for i in range(3):
+        dist.all_reduce(t)
+    if rank == 1:
+        raise ValueError("boom on rank 1")
+    dist.all_reduce(t)
+    print("not reached on rank 1")
+"""
+
+
+def test_a_script_that_raises_on_one_rank_keeps_its_exception_and_exit_code(tmp_path):
+    script = tmp_path / "raises.py"
+    script.write_text(textwrap.dedent(RAISES))
+    out = tmp_path / "raises-run"
+    proc = ncclscope_run(out, 2, str(script))
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "ValueError: boom on rank 1" in proc.stderr
+    assert re.search(r'raises\.py", line 10, in <module>', proc.stderr)
+    t = ops(out)
+    for r in (0, 1):
+        mine = t[(t["rank"] == r) & (t["op_name"] == "all_reduce") & (t["op_id"] < (1 << 32))]
+        assert len(mine) >= 3 and (mine["status"].head(3) == "ok").all()
+    meta = json.loads((out / "rank-00001" / "rank.json").read_text())
+    assert meta["end"]["status"] == "error" and "ValueError" in meta["end"]["message"]
+    run = json.loads((out / "run.json").read_text())
+    assert run["end_reason"] == "rank_failed" and run["ranks"]["1"]["exitcode"] == 1
+
+
+# ---- torchrun writes the same run directory -------------------------------------------
+def _shape(run_dir: Path) -> dict:
+    t = ops(run_dir)
+    files = {d.name: sorted(p.name for p in d.iterdir() if p.name != "stacks.txt")
+             for d in sorted(run_dir.iterdir()) if d.is_dir()}
+    counts = t.groupby(["rank", "op_name", "process_group"], observed=True).size().to_dict()
+    return {"files": files, "counts": counts}
+
+
+def test_torchrun_writes_the_same_run_directory_as_ncclscope_run(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    pa_ = ncclscope_run(a, 2, "examples/ddp.py", "--steps", "2")
+    assert pa_.returncode == 0, pa_.stderr[-3000:]
+    pb = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+               "-m", "ncclscope.run", "--out", str(b), "examples/ddp.py", "--steps", "2"])
+    assert pb.returncode == 0, pb.stderr[-3000:]
+    assert _shape(a) == _shape(b)
+    assert (b / "run.json").exists() and json.loads((b / "run.json").read_text())["launcher"] == "torchrun"
+
+
+# ---- FSDP2, DTensor TP on a 2-D mesh, pipelining -----------------------------------------
+def test_fsdp2_healthy_its_all_gathers_and_reduce_scatters_are_traced(tmp_path):
+    out = tmp_path / "fsdp2"
+    proc = ncclscope_run(out, 2, "examples/fsdp2.py", "--steps", "2")
+    assert "fsdp2: 2 steps on 2 ranks" in proc.stdout
+    assert_healthy(out, proc)
+    t = ops(out)
+    direct = t[t["op_id"] < (1 << 32)]
+    names = set(direct["op_name"])
+    assert {"all_gather_into_tensor", "reduce_scatter_tensor"} <= names
+    # FSDP2 issues them through the Python API: their call site is the user's forward/backward line
+    assert all(str(s).startswith("examples/fsdp2.py:") for s in direct["call_site"])
+
+
+def test_fsdp2_uneven_data_is_diagnosed(tmp_path):
+    out = tmp_path / "fsdp2-bug"
+    proc = ncclscope_run(out, 3, "examples/fsdp2.py", "--steps", "3", "--bug", "uneven-data", "--timeout", "5")
+    assert proc.returncode != 0
+    code, rep = analyze(out)
+    assert code == 1
+    f = headline(rep)
+    assert 1 in f["ranks"] and f["kind"] in ("collective_mismatch", "hang", "deadlock"), rep["verdict"]
+
+
+def test_dtensor_2d_mesh_healthy_groups_recorded_on_every_rank(tmp_path):
+    out = tmp_path / "dtensor"
+    proc = ncclscope_run(out, 4, "examples/dtensor_tp.py", "--dp", "2", "--tp", "2", "--steps", "2")
+    assert "dtensor_tp: 2 steps" in proc.stdout
+    assert_healthy(out, proc)
+    views = {(out / f"rank-0000{r}" / "groups.json").read_text() for r in range(4)}
+    assert len(views) == 1   # the same table on every rank
+    groups = {g["name"]: g["ranks"] for g in json.loads(views.pop())}
+    assert groups == {"world": [0, 1, 2, 3], "dp0": [0, 2], "dp1": [1, 3], "tp0": [0, 1], "tp1": [2, 3]}
+    t = ops(out)
+    fr = t[t["op_id"] >= (1 << 32)]
+    assert len(fr) and set(fr["process_group"]) <= {"tp0", "tp1"}   # DTensor's functional all-reduce: FR only
+
+
+def test_dtensor_wrong_group_is_diagnosed_with_the_call_site(tmp_path):
+    out = tmp_path / "dtensor-bug"
+    proc = ncclscope_run(out, 4, "examples/dtensor_tp.py", "--steps", "2", "--bug", "wrong-group", "--timeout", "5")
+    assert proc.returncode != 0
+    code, rep = analyze(out)
+    assert code == 1
+    line = line_of("examples/dtensor_tp.py", "dist.all_reduce(g, group=group)")
+    wrong = [f for f in rep["findings"] if f["kind"] == "wrong_group"]
+    assert wrong and wrong[0]["ranks"] == [3], rep["verdict"]
+    assert f"examples/dtensor_tp.py:{line}" in wrong[0]["title"]
+
+
+def test_pipeline_1f1b_healthy(tmp_path):
+    out = tmp_path / "pp"
+    proc = ncclscope_run(out, 2, "examples/pipeline_1f1b.py", "--steps", "2")
+    assert "pipeline_1f1b: 2 steps on 2 stages" in proc.stdout
+    assert_healthy(out, proc)
+    t = ops(out)
+    sends = t[(t["rank"] == 0) & t["op_name"].isin(["isend", "send"])]
+    recvs = t[(t["rank"] == 1) & t["op_name"].isin(["irecv", "recv"])]
+    assert len(sends) == len(recvs) >= 8 and (sends["status"] == "ok").all()
+    assert list(sends["p2p_seq_id"]) == list(range(1, len(sends) + 1))
+
+
+def test_pipeline_skipped_batch_is_diagnosed(tmp_path):
+    out = tmp_path / "pp-bug"
+    proc = ncclscope_run(out, 2, "examples/pipeline_1f1b.py", "--steps", "2", "--bug", "skip-last-batch",
+                         "--timeout", "5")
+    assert proc.returncode != 0
+    code, rep = analyze(out)
+    assert code == 1
+    unmatched = [f for f in rep["findings"] if f["kind"] == "unmatched_p2p"]
+    assert unmatched and unmatched[0]["ranks"] == [1], rep["verdict"]
+
+
+def test_timeout_s_dumps_evidence_and_lets_the_job_go_on(tmp_path):
+    """Rank 1 sleeps 4 s; rank 0 waits inside DDP's reducer (an op only Flight Recorder sees).
+    --timeout-s 1 dumps stacks + FR on the waiting rank, raises nothing: the job completes."""
+    out = tmp_path / "ddp-sleep"
+    proc = ncclscope_run(out, 2, "examples/ddp.py", "--steps", "3", "--bug", "sleep", "--sleep", "4",
+                         timeout_s=1.0)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    stacks = (out / "rank-00000" / "stacks.txt").read_text()
+    assert "no traced op or step for" in stacks and "ddp.py" in stacks
+    assert (out / "rank-00000" / "flight_recorder.pkl").exists()
+    run = json.loads((out / "run.json").read_text())
+    assert run["end_reason"] == "completed"

@@ -1,0 +1,144 @@
+"""`ncclscope run` pieces without spawning ranks: argument pass-through, rank
+environment, the Flight Recorder merge, and the tracer on a one-rank gloo world."""
+from __future__ import annotations
+
+import datetime
+import json
+import pickle
+import sys
+
+import pytest
+
+from ncclscope import schema as S
+from ncclscope.usertrace import bootstrap as B
+from ncclscope.usertrace import fr_merge
+
+
+# ---- arguments ------------------------------------------------------------------------
+def test_bootstrap_options_stop_at_the_script_whose_args_pass_through_unparsed():
+    opts, script, args = B.parse_args(["--out", "runs/x", "--timeout-s=3", "train.py", "--out", "y", "--lr", "1"])
+    assert opts["out"] == "runs/x" and opts["timeout_s"] == 3.0
+    assert script == "train.py" and args == ["--out", "y", "--lr", "1"]
+    opts, script, args = B.parse_args(["--", "t.py", "--", "-x"])
+    assert script == "t.py" and args == ["--", "-x"]
+    with pytest.raises(B.UsageError):
+        B.parse_args(["--nproc", "2", "t.py"])
+    with pytest.raises(B.UsageError):
+        B.parse_args(["--out", "x"])
+
+
+def test_cli_run_passes_the_script_args_through():
+    from ncclscope.cli import build_parser
+    ns = build_parser().parse_args(["run", "--nproc", "2", "--", "examples/ddp.py", "--steps", "3", "--nproc", "9"])
+    assert ns.nproc == 2 and ns.command == ["--", "examples/ddp.py", "--steps", "3", "--nproc", "9"]
+
+
+def test_rank_environment_from_slurm(monkeypatch):
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    monkeypatch.setenv("SLURM_NTASKS", "8")
+    monkeypatch.setenv("SLURM_LOCALID", "1")
+    assert B.rank_env() == (5, 8, 1, "slurm")
+    import os
+    assert os.environ["RANK"] == "5" and os.environ["WORLD_SIZE"] == "8"
+
+
+def test_package_api_is_a_no_op_without_ncclscope_run_and_needs_no_torch():
+    import subprocess
+    code = "import sys, ncclscope; ncclscope.step(); ncclscope.annotate('eval'); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr
+
+
+# ---- Flight Recorder merge --------------------------------------------------------------------
+def _fr_entry(seq: int, op: str, t: int, pg: str = "0", sizes=((4,),)) -> dict:
+    return {"record_id": seq - 1, "pg_id": 0, "process_group": (pg, "default_pg"), "collective_seq_id": seq,
+            "p2p_seq_id": 0, "op_id": seq, "profiling_name": f"gloo:{op}", "input_sizes": [list(s) for s in sizes],
+            "input_dtypes": ["Float"], "output_sizes": [], "output_dtypes": [], "state": "scheduled",
+            "retired": False, "time_created_ns": t, "time_discovered_started_ns": None,
+            "time_discovered_completed_ns": None, "timeout_ms": 5000, "is_p2p": False, "thread_id": "1",
+            "thread_name": "main",
+            "frames": [{"name": "backward", "filename": "/x/site-packages/torch/autograd/__init__.py", "line": 3},
+                       {"name": "main", "filename": "/home/u/train.py", "line": 42}]}
+
+
+def test_flight_recorder_only_ops_become_rows_without_duplicating_traced_ones(tmp_path):
+    from ncclscope.runtime.recorder import Recorder
+    rec = Recorder(tmp_path, 0, 1)
+    rec.context.step = 0
+    rec.write_meta(groups=[{"name": "world", "kind": "world", "ranks": [0], "creation_order": 0, "backend": "gloo"}],
+                   fr_pg_names={"0": "world"})
+    base = rec.meta["started_ns"]
+    op = rec.begin(S.KIND_COLLECTIVE, "all_reduce", group="world", seq=3, nbytes=4, call_site="train.py:50")
+    rec.end(op)
+    rec.close("error", "died")                     # not a clean end: the last FR op stays in flight
+    entries = [_fr_entry(1, "all_gather", base + 10), _fr_entry(2, "all_reduce", base + 20),
+               _fr_entry(3, "all_reduce", base + 30), _fr_entry(4, "all_reduce", base + 2 * 10**12)]
+    (tmp_path / "rank-00000" / fr_merge.FR_FILE).write_bytes(pickle.dumps(
+        {"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": entries}))
+    from ncclscope.trace import load
+    t = load(tmp_path)
+    coll = t.ops[t.ops["kind"] == S.KIND_COLLECTIVE].sort_values("collective_seq_id")
+    assert list(coll["collective_seq_id"]) == [1, 2, 3, 4]
+    assert list(coll["process_group"]) == ["world"] * 4
+    assert list(coll["status"]) == ["ok", "ok", "ok", "inflight"]
+    assert list(coll["call_site"])[0].endswith("train.py:42") and list(coll["call_site"])[2] == "train.py:50"
+    assert (coll["op_id"] >= fr_merge.OP_ID_BASE).tolist() == [True, True, False, True]
+
+
+def test_no_dump_leaves_the_events_untouched(tmp_path):
+    import pyarrow as pa
+    table = S.EVENTS_SCHEMA.empty_table()
+    (tmp_path / "rank-00000").mkdir()
+    assert fr_merge.merge_rank(tmp_path / "rank-00000", table, []) is table
+    assert isinstance(table, pa.Table)
+
+
+# ---- the tracer, in this process, on a one-rank gloo world --------------------------------------
+def test_tracer_rows_groups_and_errors_on_one_rank(tmp_path):
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from ncclscope.runtime.recorder import Recorder
+    from ncclscope.usertrace.tracer import Tracer
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    orig = dist.all_reduce
+    rec = Recorder(tmp_path, 0, 1)
+    rec.context.step = 0
+    tracer = Tracer(rec, 0, 1, timeout_s=30).install()
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=30))
+        t = torch.ones(4)
+        dist.all_reduce(t); line = sys._getframe().f_lineno   # noqa: E702
+        w = dist.all_reduce(t, async_op=True)
+        w.wait()
+        g = dist.new_group([0])
+        dist.all_reduce(t, group=g)
+        out = [None]
+        dist.all_gather_object(out, {"a": 1})           # one row, not its inner all_gathers
+        with pytest.raises(TypeError):
+            dist.all_reduce("not a tensor")             # the user's error, unchanged
+        opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+        opt.step()
+        opt.step()
+        dist.destroy_process_group()
+    finally:
+        tracer.close()
+        rec.close()
+    assert dist.all_reduce is orig   # uninstalled: torch.distributed is as it was
+    from ncclscope.trace import load
+    ops = load(tmp_path).ops
+    ops = ops[ops["op_id"] < fr_merge.OP_ID_BASE]
+    assert list(ops["op_name"]) == ["all_reduce", "all_reduce", "all_reduce", "all_gather_object", "all_reduce"]
+    assert list(ops["status"]) == ["ok", "ok", "ok", "ok", "error"]
+    assert ops["call_site"].iloc[0] == f"tests/test_run_units.py:{line}"
+    assert list(ops["process_group"])[:3] == ["world", "world", "g1"]
+    assert list(ops["collective_seq_id"])[:2] == [1, 2] and ops["collective_seq_id"].iloc[2] == 1
+    assert ops["bytes"].iloc[0] == 16 and ops["input_dtypes"].iloc[0] == "float32"
+    groups = json.loads((tmp_path / "rank-00000" / "groups.json").read_text())
+    assert [(x["name"], x["ranks"], x["creation_order"]) for x in groups] == [("world", [0], 0), ("g1", [0], 1)]
+    metrics = load(tmp_path).metrics
+    assert list(metrics["step"]) == [0, 1]
