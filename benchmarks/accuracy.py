@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 # fault kind -> the headline kind it must produce
 CAUSE = {
     "skip": "hang", "hang": "stuck_in_compute", "kill": "dead_rank", "crash": "dead_rank",
-    "wrong_group": "wrong_group", "p2p_order": "deadlock", "mismatch": "collective_mismatch",
+    "wrong_group": "wrong_group", "p2p_order": "schedule_deviation", "mismatch": "collective_mismatch",
     "slow": "straggler", "nan": "nan", "desync_grad": "grad_divergence", "group_order": "group_mismatch",
 }
 
@@ -105,7 +105,9 @@ def matrix(seed: int, healthy: int) -> list[Case]:
         for kind in CAUSE:
             if not applies(kind, lay):
                 continue
-            rank = rng.randrange(lay.world)
+            # p2p_order needs a rank that sends activations onward: any stage but the last
+            # (pp is the outermost mesh dimension, so the last stage is the top world/pp ranks)
+            rank = rng.randrange(lay.world - lay.world // lay.pp if kind == "p2p_order" else lay.world)
             step = rng.randrange(1, STEPS - 1)
             inject = spec(kind, rank, step, lay)
             extra = ("--steps", "6") if kind == "slow" else ("--steps", str(STEPS))

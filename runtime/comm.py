@@ -1,13 +1,28 @@
 """The only module that calls torch.distributed collectives and point-to-point ops.
 
-Every op goes through `Comm._run`, which:
-  1. asks the fault plan whether to tamper with the call (drills only),
-  2. writes a begin row (group, per-group sequence, per-peer p2p sequence,
+Every op is a row of one table (`Op`: name, kind, how to issue it, what a
+group of one does) and goes through one wrapper, `Comm._call`, which:
+  1. returns at once when the group has one rank (the op's `alone` rule),
+  2. runs the before-issue hooks (`Comm.add_hook`): a hook may alter the call
+     (op, group, tensor, argument, timeout), delay it or skip it. Fault drills
+     attach here (runtime/faults.py); without hooks this is one empty check,
+  3. writes a begin row (group, per-group sequence, per-peer p2p sequence,
      bytes, dtype, shape, step/microbatch/stage, call site, timeout),
-  3. issues the op asynchronously and waits with this call's timeout,
-  4. writes the end row with status ok / timeout / error.
+  4. issues the op asynchronously and ends it with this call's timeout,
+  5. writes the end row with status ok / timeout / error.
 On a timeout it also dumps every thread's stack into stacks.txt, flushes the
 trace and raises `CommTimeoutError` naming op, group, sequence and peer.
+
+How an op ends depends on the backend:
+  - gloo (CPU): the calling thread waits on the work with the timeout; the
+    end row is written when the wait returns, which is when the op is done.
+  - NCCL (GPU): the CPU call returns long before the GPU has done the op, so
+    its return proves nothing. The op is handed to `_Completions`, a thread
+    that polls `work.is_completed()` and writes the end row at GPU completion;
+    the caller only orders its stream after the op (`work.wait()` without a
+    timeout does not block the CPU). An op that never completes stays an open
+    begin row until its timeout, when the thread writes the timeout row,
+    dumps stacks and NCCL's Flight Recorder, and fails the rank (docs/nccl.md).
 
 Why async + wait(timeout) rather than the blocking call: a per-call timeout
 needs it, and the blocking form on gloo leaves no hook to record anything.
@@ -24,13 +39,15 @@ rank's counters and nothing here is global.
 """
 from __future__ import annotations
 
+import collections
 import datetime as _dt
 import functools
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -77,6 +94,7 @@ class Group:
     creation_order: int
     rank: int = -1               # this process's rank inside the group (-1: not a member)
     dead: str = ""               # why the group must not be used again
+    backend: str = "gloo"
 
     @property
     def size(self) -> int:
@@ -88,7 +106,7 @@ class Group:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "kind": self.kind, "ranks": list(self.ranks),
-                "creation_order": self.creation_order, "backend": "gloo" if self.pg is not None else ""}
+                "creation_order": self.creation_order, "backend": self.backend if self.pg is not None else ""}
 
 
 @functools.lru_cache(maxsize=4096)
@@ -140,8 +158,70 @@ def _meta(t: torch.Tensor) -> tuple[str, str, int]:
 _NO_TENSOR = ("[]", "", 0)
 
 
+# ---- the op table ------------------------------------------------------------
+# issue(pg, t, out, arg, tag) -> async work; alone(t, out, arg): what a group of
+# one does instead (None: not allowed, p2p). `arg` is the op's one parameter:
+# the reduce op name, the global src/peer rank, or all_to_all's split sizes.
+
+def _nothing(t: Any, out: Any, arg: Any) -> None:
+    return None
+
+
+class Op(NamedTuple):
+    """One wrapped torch.distributed call, as `Comm._call` issues it."""
+
+    name: str
+    kind: str                                   # S.KIND_COLLECTIVE or S.KIND_P2P
+    issue: Callable[[Any, Any, Any, Any, int], Any]
+    alone: Callable[[Any, Any, Any], Any] | None
+    arg: str = ""                               # what `arg` is in the row: "reduce_op", "peer" or ""
+    p2p: str = ""                               # "send" / "recv": per-peer sequence direction
+
+
+_C, _P = S.KIND_COLLECTIVE, S.KIND_P2P
+ALL_REDUCE = Op("all_reduce", _C, lambda pg, t, out, a, tag: dist.all_reduce(
+    t, op=_REDUCE_OPS[a], group=pg, async_op=True), _nothing, "reduce_op")
+ALL_GATHER = Op("all_gather", _C, lambda pg, t, out, a, tag: dist.all_gather(out, t, group=pg, async_op=True),
+                lambda t, out, a: out[0].copy_(t))
+ALL_GATHER_INTO_TENSOR = Op("all_gather_into_tensor", _C, lambda pg, t, out, a, tag: _all_gather_single(
+    out, t, group=pg, async_op=True), lambda t, out, a: out.copy_(t.reshape(out.shape)))
+REDUCE_SCATTER = Op("reduce_scatter", _C, lambda pg, t, out, a, tag: dist.reduce_scatter(   # t: list of inputs
+    out, t, op=_REDUCE_OPS[a], group=pg, async_op=True), lambda t, out, a: out.copy_(t[0]), "reduce_op")
+REDUCE_SCATTER_TENSOR = Op("reduce_scatter_tensor", _C, lambda pg, t, out, a, tag: _reduce_scatter_single(
+    out, t, op=_REDUCE_OPS[a], group=pg, async_op=True), lambda t, out, a: out.copy_(t.reshape(out.shape)),
+    "reduce_op")
+ALL_TO_ALL_SINGLE = Op("all_to_all_single", _C, lambda pg, t, out, a, tag: dist.all_to_all_single(   # a: splits
+    out, t, a[0], a[1], group=pg, async_op=True), lambda t, out, a: out.copy_(t))
+BROADCAST = Op("broadcast", _C, lambda pg, t, out, a, tag: dist.broadcast(t, a, group=pg, async_op=True),
+               _nothing, "peer")
+BARRIER = Op("barrier", _C, lambda pg, t, out, a, tag: dist.barrier(group=pg, async_op=True), _nothing)
+ISEND = Op("isend", _P, lambda pg, t, out, a, tag: dist.isend(t, a, group=pg, tag=tag), None, "peer", "send")
+IRECV = Op("irecv", _P, lambda pg, t, out, a, tag: dist.irecv(t, a, group=pg, tag=tag), None, "peer", "recv")
+SEND = ISEND._replace(name="send")
+RECV = IRECV._replace(name="recv")
+OPS = {op.name: op for op in (ALL_REDUCE, ALL_GATHER, ALL_GATHER_INTO_TENSOR, REDUCE_SCATTER,
+                              REDUCE_SCATTER_TENSOR, ALL_TO_ALL_SINGLE, BROADCAST, BARRIER, ISEND, IRECV, SEND, RECV)}
+
+
+class Call:
+    """One op as a before-issue hook sees it. A hook may replace `op` (another
+    row of the table), `group`, `t` (the tensor sent / reduced), `arg` or
+    `timeout_s`, sleep (a delay), or set `skip` (the op is not issued and
+    leaves no row). `out` is what the caller gets back either way."""
+
+    __slots__ = ("op", "group", "t", "out", "arg", "tag", "timeout_s", "skip")
+
+    def __init__(self, op: Op, group: Group, t: Any, out: Any, arg: Any, tag: int, timeout_s: float | None) -> None:
+        self.op, self.group, self.t, self.out, self.arg, self.tag = op, group, t, out, arg, tag
+        self.timeout_s, self.skip = timeout_s, False
+
+
+Hook = Callable[["Comm", Call], None]
+
+
 class Handle:
-    """An in-flight async op (isend/irecv): `wait()` records its end row."""
+    """An in-flight async op (isend/irecv): `wait()` records its end row
+    (on NCCL the completion thread does, and wait() orders the stream)."""
 
     def __init__(self, comm: "Comm", work: Any, op_id: int, desc: tuple[str, Group, int, int], timeout_s: float) -> None:
         self._comm, self._work, self._op_id, self._desc, self._timeout_s = comm, work, op_id, desc, timeout_s
@@ -151,26 +231,46 @@ class Handle:
         if self.done:
             return
         self.done = True
-        self._comm._finish(self._work, self._op_id, self._desc, timeout_s or self._timeout_s)
+        if self._comm._completions is not None:
+            self._comm._order_after(self._work)
+        else:
+            self._comm._finish(self._work, self._op_id, self._desc, timeout_s or self._timeout_s)
+
+
+_DONE = Handle.__new__(Handle)   # a skipped isend/irecv: nothing to wait for
+_DONE.done = True
 
 
 class Comm:
-    """One rank's wrapped communication: timeouts, sequence numbers, trace rows."""
+    """One rank's wrapped communication: timeouts, sequence numbers, trace rows.
+
+    `backend` "gloo" waits on the calling thread; "nccl" ends ops at GPU
+    completion on a poller thread (see the module docstring)."""
 
     def __init__(self, recorder: Any, rank: int, world_size: int, timeout_s: float = 60.0,
-                 faults: Any = None) -> None:
+                 backend: str = "gloo") -> None:
         self.rec = recorder
         self.rank = rank
         self.world_size = world_size
         self.timeout_s = timeout_s
-        self.faults = faults                      # runtime.faults.FaultPlan or None
+        self.backend = backend
+        self.hooks: list[Hook] = []               # before-issue hooks, run in order
         self.groups: dict[str, Group] = {}
         self._seq: dict[str, int] = {}
         self._p2p_seq: dict[tuple[str, int], int] = {}
+        self.failure: CommError | None = None     # NCCL: set by the completion thread
+        self.failure_seen = False                 # ... and raised on the training thread
+        self.on_stuck: Callable[[CommError], None] | None = None   # NCCL: the rank is stuck in a GPU wait
+        self._completions = _Completions(self) if backend == "nccl" else None
+
+    def add_hook(self, hook: Hook) -> None:
+        """Run `hook(comm, call)` before every op is issued (see `Call`)."""
+        self.hooks.append(hook)
 
     # ---- groups ------------------------------------------------------------
     def register_world(self) -> Group:
-        g = Group("world", "world", tuple(range(self.world_size)), dist.group.WORLD, 0, self.rank)
+        g = Group("world", "world", tuple(range(self.world_size)), dist.group.WORLD, 0, self.rank,
+                  backend=self.backend)
         self.groups[g.name] = g
         return g
 
@@ -178,22 +278,66 @@ class Comm:
         """Create a torch group. Every rank must call this for every group in
         the same order (torch's rule), members or not."""
         ranks = tuple(int(r) for r in ranks)
-        pg = dist.new_group(list(ranks), timeout=_dt.timedelta(seconds=self.timeout_s))
+        pg = dist.new_group(list(ranks), timeout=_dt.timedelta(seconds=self.pg_timeout_s()))
         member = self.rank in ranks
         g = Group(name, kind, ranks, pg if member else None, len(self.groups),
-                  ranks.index(self.rank) if member else -1)
+                  ranks.index(self.rank) if member else -1, backend=self.backend)
         self.groups[name] = g
         return g
 
+    def pg_timeout_s(self) -> float:
+        """The backend's own timeout. On NCCL it is the watchdog's, which aborts
+        the communicator: later than ours, so our evidence is written first."""
+        return self.timeout_s + (NCCL_WATCHDOG_GRACE_S if self.backend == "nccl" else 0.0)
+
     # ---- the one wrapper ---------------------------------------------------
-    def _begin(self, kind: str, op: str, group: Group, *, t: torch.Tensor | None, peer: int = -1,
-               tag: int = -1, reduce_op: str = "", timeout_s: float, p2p_dir: str = "") -> tuple[int, int]:
+    def _call(self, op: Op, group: Group, t: Any, out: Any, arg: Any = None, *, tag: int = -1,
+              timeout_s: float | None = None, wait: bool = True) -> Handle | None:
+        """Issue `op` on `group` (hooks, begin row, issue, end row). Returns a
+        Handle when wait=False (p2p), else None."""
+        if group.size == 1 and op.alone is not None:
+            op.alone(t, out, arg)
+            return None
+        if self.hooks:
+            call = Call(op, group, t, out, arg, tag, timeout_s)
+            for hook in self.hooks:
+                hook(self, call)
+                if call.skip:
+                    return None if wait else _DONE
+            op, group, t, arg, timeout_s = call.op, call.group, call.t, call.arg, call.timeout_s
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        op_id, seq = self._begin(op, group, t, arg, tag, timeout)
+        try:
+            work = op.issue(group.pg, t, out, arg, tag)
+        except RuntimeError as exc:
+            msg = f"rank {self.rank}: {op.name} #{seq} on {group.label()} could not be issued: {exc}"
+            self.rec.end(op_id, S.STATUS_ERROR, msg)
+            group.dead = f"error issuing {op.name} #{seq}"
+            self.rec.flush()
+            raise CommError(msg) from exc
+        desc = (op.name, group, seq, arg if op.arg == "peer" else -1)
+        if self._completions is not None:           # NCCL: ended at GPU completion by the poller
+            self._completions.add(work, op_id, desc, timeout)
+            if not wait:
+                return Handle(self, work, op_id, desc, timeout)
+            self._order_after(work)
+            return None
+        if wait:
+            self._finish(work, op_id, desc, timeout)
+            return None
+        return Handle(self, work, op_id, desc, timeout)
+
+    def _begin(self, op: Op, group: Group, t: Any, arg: Any, tag: int, timeout_s: float) -> tuple[int, int]:
         if group.dead:
-            raise CommError(f"rank {self.rank}: {op} on {group.label()} refused: group is dead ({group.dead})")
+            if self.failure is not None:
+                self.failure_seen = True
+                raise self.failure
+            raise CommError(f"rank {self.rank}: {op.name} on {group.label()} refused: group is dead ({group.dead})")
         if group.pg is None:
-            raise CommError(f"rank {self.rank}: {op} on {group.label()}: this rank is not a member")
-        if p2p_dir:
-            key = (p2p_dir, peer)
+            raise CommError(f"rank {self.rank}: {op.name} on {group.label()}: this rank is not a member")
+        peer = arg if op.arg == "peer" else -1
+        if op.p2p:
+            key = (op.p2p, peer)
             seq = self._p2p_seq.get(key, 0) + 1
             self._p2p_seq[key] = seq
             cseq = -1
@@ -201,14 +345,19 @@ class Comm:
             cseq = self._seq.get(group.name, 0) + 1
             self._seq[group.name] = cseq
             seq = -1
-        sizes, dtype, nbytes = _meta(t) if t is not None else _NO_TENSOR
+        if t is None:
+            sizes, dtype, nbytes = _NO_TENSOR
+        else:
+            sizes, dtype, nbytes = _meta(t[0] if type(t) is list else t)
         op_id = self.rec.begin(
-            kind, op, group=group.name, seq=cseq, p2p_seq=seq, peer=peer, tag=tag, nbytes=nbytes, dtype=dtype,
-            sizes=sizes, reduce_op=reduce_op, timeout_ms=int(timeout_s * 1000), call_site=call_site(),
+            op.kind, op.name, group=group.name, seq=cseq, p2p_seq=seq, peer=peer, tag=tag, nbytes=nbytes,
+            dtype=dtype, sizes=sizes, reduce_op=arg if op.arg == "reduce_op" else "",
+            timeout_ms=int(timeout_s * 1000), call_site=call_site(),
         )
         return op_id, cseq if cseq >= 0 else seq
 
     def _finish(self, work: Any, op_id: int, desc: tuple[str, Group, int, int], timeout_s: float) -> None:
+        """gloo: wait on this thread with the timeout, then write the end row."""
         op, group, seq, peer = desc
         t0 = time.monotonic()
         td = _TIMEDELTAS.get(timeout_s)
@@ -237,167 +386,94 @@ class Comm:
             raise CommError(msg) from exc
         self.rec.end(op_id, S.STATUS_OK)
 
-    def _run(self, kind: str, op: str, group: Group, issue: Callable[[], Any], *, t: torch.Tensor | None,
-             peer: int = -1, tag: int = -1, reduce_op: str = "", timeout_s: float | None = None,
-             p2p_dir: str = "", wait: bool = True) -> Handle | None:
-        timeout = self.timeout_s if timeout_s is None else timeout_s
-        op_id, seq = self._begin(kind, op, group, t=t, peer=peer, tag=tag, reduce_op=reduce_op,
-                                 timeout_s=timeout, p2p_dir=p2p_dir)
+    def _order_after(self, work: Any) -> None:
+        """NCCL: make the current stream wait for the op (the CPU goes on; a
+        barrier's wait does block). A failure seen by the completion thread is
+        raised here, on the training thread."""
+        if self.failure is not None:
+            self.failure_seen = True
+            raise self.failure
         try:
-            work = issue()
-        except RuntimeError as exc:
-            msg = f"rank {self.rank}: {op} #{seq} on {group.label()} could not be issued: {exc}"
-            self.rec.end(op_id, S.STATUS_ERROR, msg)
-            group.dead = f"error issuing {op} #{seq}"
-            self.rec.flush()
-            raise CommError(msg) from exc
-        if wait:
-            self._finish(work, op_id, (op, group, seq, peer), timeout)
-            return None
-        return Handle(self, work, op_id, (op, group, seq, peer), timeout)
+            work.wait()
+        except RuntimeError as exc:   # DistBackendError: the communicator was aborted
+            raise CommError(f"rank {self.rank}: wait failed: {str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from exc
 
-    def _tamper(self, op: str, group: Group, t: torch.Tensor | None) -> tuple[Group, torch.Tensor | None, str, bool]:
-        """Let a fault drill skip, redirect or distort this call (no-op without drills)."""
-        if self.faults is None:
-            return group, t, op, False
-        return self.faults.tamper(self, op, group, t)
+    def fail(self, err: CommError, why: str) -> None:
+        """Mark the rank failed (NCCL completion thread): every group is dead,
+        the next wrapped op on the training thread raises `err`."""
+        self.failure = err
+        for g in self.groups.values():
+            g.dead = g.dead or why
 
     # ---- collectives -------------------------------------------------------
     def all_reduce(self, t: torch.Tensor, group: Group, op: str = "sum", timeout_s: float | None = None) -> torch.Tensor:
-        if group.size == 1:
-            return t
-        group, t2, name, skip = self._tamper("all_reduce", group, t)
-        if skip:
-            return t
-        if name == "broadcast":  # a `mismatch:what=type` drill
-            self._run(S.KIND_COLLECTIVE, "broadcast", group,
-                      lambda: dist.broadcast(t2, group.ranks[0], group=group.pg, async_op=True),
-                      t=t2, peer=group.ranks[0], timeout_s=timeout_s)
-            return t
-        self._run(S.KIND_COLLECTIVE, "all_reduce", group,
-                  lambda: dist.all_reduce(t2, op=_REDUCE_OPS[op], group=group.pg, async_op=True),
-                  t=t2, reduce_op=op, timeout_s=timeout_s)
+        self._call(ALL_REDUCE, group, t, t, op, timeout_s=timeout_s)
         return t
 
     def all_gather(self, out: list[torch.Tensor], t: torch.Tensor, group: Group, timeout_s: float | None = None) -> list[torch.Tensor]:
-        if group.size == 1:
-            out[0].copy_(t)
-            return out
-        group, t, _, skip = self._tamper("all_gather", group, t)
-        if skip:
-            return out
-        self._run(S.KIND_COLLECTIVE, "all_gather", group,
-                  lambda: dist.all_gather(out, t, group=group.pg, async_op=True), t=t, timeout_s=timeout_s)
+        self._call(ALL_GATHER, group, t, out, timeout_s=timeout_s)
         return out
 
     def all_gather_into_tensor(self, out: torch.Tensor, t: torch.Tensor, group: Group, timeout_s: float | None = None) -> torch.Tensor:
-        if group.size == 1:
-            out.copy_(t.reshape(out.shape))
-            return out
-        group, t, _, skip = self._tamper("all_gather_into_tensor", group, t)
-        if skip:
-            return out
-        self._run(S.KIND_COLLECTIVE, "all_gather_into_tensor", group,
-                  lambda: _all_gather_single(out, t, group=group.pg, async_op=True), t=t, timeout_s=timeout_s)
+        self._call(ALL_GATHER_INTO_TENSOR, group, t, out, timeout_s=timeout_s)
         return out
 
     def reduce_scatter(self, out: torch.Tensor, inputs: list[torch.Tensor], group: Group, op: str = "sum",
                        timeout_s: float | None = None) -> torch.Tensor:
-        if group.size == 1:
-            out.copy_(inputs[0])
-            return out
-        group, _, _, skip = self._tamper("reduce_scatter", group, out)
-        if skip:
-            return out
-        self._run(S.KIND_COLLECTIVE, "reduce_scatter", group,
-                  lambda: dist.reduce_scatter(out, inputs, op=_REDUCE_OPS[op], group=group.pg, async_op=True),
-                  t=inputs[0], reduce_op=op, timeout_s=timeout_s)
+        self._call(REDUCE_SCATTER, group, inputs, out, op, timeout_s=timeout_s)
         return out
 
     def reduce_scatter_tensor(self, out: torch.Tensor, t: torch.Tensor, group: Group, op: str = "sum",
                               timeout_s: float | None = None) -> torch.Tensor:
-        if group.size == 1:
-            out.copy_(t.reshape(out.shape))
-            return out
-        group, t, _, skip = self._tamper("reduce_scatter_tensor", group, t)
-        if skip:
-            return out
-        self._run(S.KIND_COLLECTIVE, "reduce_scatter_tensor", group,
-                  lambda: _reduce_scatter_single(out, t, op=_REDUCE_OPS[op], group=group.pg, async_op=True),
-                  t=t, reduce_op=op, timeout_s=timeout_s)
+        self._call(REDUCE_SCATTER_TENSOR, group, t, out, op, timeout_s=timeout_s)
         return out
 
     def all_to_all_single(self, out: torch.Tensor, t: torch.Tensor, group: Group,
                           output_split_sizes: list[int] | None = None, input_split_sizes: list[int] | None = None,
                           timeout_s: float | None = None) -> torch.Tensor:
         """Uneven splits allowed (sizes along dim 0)."""
-        if group.size == 1:
-            out.copy_(t)
-            return out
-        group, t, _, skip = self._tamper("all_to_all_single", group, t)
-        if skip:
-            return out
-        self._run(S.KIND_COLLECTIVE, "all_to_all_single", group,
-                  lambda: dist.all_to_all_single(out, t, output_split_sizes, input_split_sizes,
-                                                 group=group.pg, async_op=True),
-                  t=t, timeout_s=timeout_s)
+        self._call(ALL_TO_ALL_SINGLE, group, t, out, (output_split_sizes, input_split_sizes), timeout_s=timeout_s)
         return out
 
     def broadcast(self, t: torch.Tensor, src: int, group: Group, timeout_s: float | None = None) -> torch.Tensor:
         """`src` is a global rank."""
-        if group.size == 1:
-            return t
-        group, t, _, skip = self._tamper("broadcast", group, t)
-        if skip:
-            return t
-        self._run(S.KIND_COLLECTIVE, "broadcast", group,
-                  lambda: dist.broadcast(t, src, group=group.pg, async_op=True), t=t, peer=src, timeout_s=timeout_s)
+        self._call(BROADCAST, group, t, t, src, timeout_s=timeout_s)
         return t
 
     def barrier(self, group: Group, timeout_s: float | None = None) -> None:
-        if group.size == 1:
-            return
-        group, _, _, skip = self._tamper("barrier", group, None)
-        if skip:
-            return
-        self._run(S.KIND_COLLECTIVE, "barrier", group, lambda: dist.barrier(group=group.pg, async_op=True),
-                  t=None, timeout_s=timeout_s)
+        self._call(BARRIER, group, None, None, timeout_s=timeout_s)
 
     # ---- point to point ----------------------------------------------------
     def isend(self, t: torch.Tensor, dst: int, group: Group, tag: int = 0, timeout_s: float | None = None) -> Handle:
         """`dst` is a global rank. The returned handle's wait() records the end row."""
-        h = self._run(S.KIND_P2P, "isend", group, lambda: dist.isend(t, dst, group=group.pg, tag=tag),
-                      t=t, peer=dst, tag=tag, timeout_s=timeout_s, p2p_dir="send", wait=False)
+        h = self._call(ISEND, group, t, t, dst, tag=tag, timeout_s=timeout_s, wait=False)
         assert h is not None
         return h
 
     def irecv(self, t: torch.Tensor, src: int, group: Group, tag: int = 0, timeout_s: float | None = None) -> Handle:
-        h = self._run(S.KIND_P2P, "irecv", group, lambda: dist.irecv(t, src, group=group.pg, tag=tag),
-                      t=t, peer=src, tag=tag, timeout_s=timeout_s, p2p_dir="recv", wait=False)
+        h = self._call(IRECV, group, t, t, src, tag=tag, timeout_s=timeout_s, wait=False)
         assert h is not None
         return h
 
     def send(self, t: torch.Tensor, dst: int, group: Group, tag: int = 0, timeout_s: float | None = None) -> None:
-        self._run(S.KIND_P2P, "send", group, lambda: dist.isend(t, dst, group=group.pg, tag=tag),
-                  t=t, peer=dst, tag=tag, timeout_s=timeout_s, p2p_dir="send")
+        self._call(SEND, group, t, t, dst, tag=tag, timeout_s=timeout_s)
 
     def recv(self, t: torch.Tensor, src: int, group: Group, tag: int = 0, timeout_s: float | None = None) -> torch.Tensor:
-        self._run(S.KIND_P2P, "recv", group, lambda: dist.irecv(t, src, group=group.pg, tag=tag),
-                  t=t, peer=src, tag=tag, timeout_s=timeout_s, p2p_dir="recv")
+        self._call(RECV, group, t, t, src, tag=tag, timeout_s=timeout_s)
         return t
 
     def batch_isend_irecv(self, ops: list[tuple[str, torch.Tensor, int]], group: Group, tag: int = 0,
                           timeout_s: float | None = None) -> list[Handle]:
         """ops: ("isend" | "irecv", tensor, global peer rank). Each op is its own
-        traced p2p op; they are posted together as torch's batch API requires."""
+        traced p2p op; they are posted together as torch's batch API requires
+        (so hooks do not see them one by one)."""
         if not ops:
             return []
         timeout = self.timeout_s if timeout_s is None else timeout_s
         begun = []
         for kind, t, peer in ops:
-            direction = "send" if kind == "isend" else "recv"
-            op_id, seq = self._begin(S.KIND_P2P, kind, group, t=t, peer=peer, tag=tag, timeout_s=timeout,
-                                     p2p_dir=direction)
+            op = ISEND if kind == "isend" else IRECV
+            op_id, seq = self._begin(op, group, t, peer, tag, timeout)
             begun.append((op_id, seq, kind, peer))
         p2p = [dist.P2POp(dist.isend if k == "isend" else dist.irecv, t, peer, group=group.pg, tag=tag)
                for k, t, peer in ops]
@@ -408,5 +484,103 @@ class Comm:
                 self.rec.end(op_id, S.STATUS_ERROR, f"batch_isend_irecv could not be issued: {exc}")
             group.dead = "error issuing batch_isend_irecv"
             raise CommError(f"rank {self.rank}: batch_isend_irecv on {group.label()} failed: {exc}") from exc
-        return [Handle(self, w, op_id, (kind, group, seq, peer), timeout)
-                for w, (op_id, seq, kind, peer) in zip(works, begun)]
+        handles = [Handle(self, w, op_id, (kind, group, seq, peer), timeout)
+                   for w, (op_id, seq, kind, peer) in zip(works, begun)]
+        if self._completions is not None:
+            for h in handles:
+                self._completions.add(h._work, h._op_id, h._desc, timeout)
+        return handles
+
+
+# ---- NCCL: end rows at GPU completion ---------------------------------------------
+NCCL_WATCHDOG_GRACE_S = 30.0   # NCCL's watchdog (pg timeout) fires this long after our own timeout
+POLL_S = 0.0005                # completion poll period while ops are in flight
+STUCK_GRACE_S = 3.0            # after a timeout: time for the training thread to notice before on_stuck
+
+
+class _Completions:
+    """The NCCL poller thread: writes each op's end row when `work.is_completed()`
+    turns true (GPU completion, to within POLL_S), or its timeout row when the
+    op's own timeout passes first. Only started on NCCL; gloo never pays for it."""
+
+    def __init__(self, comm: Comm) -> None:
+        self.comm = comm
+        self.pending: collections.deque[tuple[Any, int, tuple[str, Group, int, int], float, float]] = \
+            collections.deque()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"ncclscope-completions-{comm.rank}", daemon=True)
+        self._thread.start()
+
+    def add(self, work: Any, op_id: int, desc: tuple[str, Group, int, int], timeout_s: float) -> None:
+        self.pending.append((work, op_id, desc, timeout_s, time.monotonic() + timeout_s))
+        self._wake.set()
+
+    def _loop(self) -> None:
+        while True:
+            if not self.pending:
+                self._wake.wait(1.0)
+                self._wake.clear()
+                continue
+            now = time.monotonic()
+            for _ in range(len(self.pending)):
+                item = self.pending.popleft()
+                if not self.check(item, now):
+                    self.pending.append(item)
+            time.sleep(POLL_S)
+
+    def check(self, item: tuple[Any, int, tuple[str, Group, int, int], float, float], now: float) -> bool:
+        """True when the item is finished with (end row written)."""
+        work, op_id, (op, group, seq, peer), timeout_s, deadline = item
+        comm, rec = self.comm, self.comm.rec
+        where = f"{op} #{seq} on {group.label()}" + (f" peer {peer}" if peer >= 0 else "")
+        error: Any = None
+        try:
+            done = work.is_completed()
+            if done:
+                error = work.exception()
+        except RuntimeError as exc:      # is_completed re-raises the op's error on some versions
+            done, error = True, exc
+        if done and error is None:
+            rec.end(op_id, S.STATUS_OK)
+            return True
+        if done:
+            text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            msg = f"rank {comm.rank}: {where} failed on the GPU: {text}"
+            rec.end(op_id, S.STATUS_ERROR, msg)
+            comm.fail(CommError(msg), f"error in {op} #{seq}")
+            rec.flush()
+            return True
+        if now < deadline:
+            return False
+        msg = f"rank {comm.rank}: {where} timed out after {timeout_s:g} s (not completed on the GPU)"
+        rec.end(op_id, S.STATUS_TIMEOUT, msg)
+        err = CommTimeoutError(msg, op=op, group=group.name, seq=seq, peer=peer, timeout_s=timeout_s)
+        comm.fail(err, f"timeout in {op} #{seq}")
+        rec.dump_stacks(msg)
+        dump_flight_recorder(rec)
+        rec.flush()
+        threading.Thread(target=self._stuck, args=(err,), daemon=True).start()
+        return True
+
+    def _stuck(self, err: CommError) -> None:
+        """The training thread raises `err` at its next wrapped op; if it is
+        blocked in a GPU wait instead, hand over to `comm.on_stuck` (train.py
+        closes the trace and exits with the timeout code)."""
+        time.sleep(STUCK_GRACE_S)
+        if self.comm.on_stuck is not None and not self.comm.failure_seen:
+            self.comm.on_stuck(err)
+
+
+def dump_flight_recorder(rec: Any) -> None:
+    """NCCL's own Flight Recorder (TORCH_NCCL_TRACE_BUFFER_SIZE > 0) into the
+    rank directory, next to our rows: what the backend saw enqueued."""
+    path = getattr(rec, "dir", None)
+    dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
+    if path is None or dump is None:
+        return
+    try:
+        data = dump()
+        with open(os.path.join(path, "nccl_flight_recorder.pkl"), "wb") as f:
+            f.write(data)
+    except Exception as exc:   # evidence, never a second failure
+        print(f"ncclscope: rank {rec.rank}: Flight Recorder dump failed: {exc}", file=sys.stderr)

@@ -14,6 +14,10 @@ thread's stack into that rank's stacks.txt), then SIGTERM, then SIGKILL. Every
 child is reaped; children also get PR_SET_PDEATHSIG so that even a SIGKILLed
 launcher leaves no orphans. Finally it writes run.json (config, versions,
 per-rank exit code or signal, end reason).
+
+With `--device cuda` (NCCL) rank r uses GPU r of this host, and ranks are
+started with `spawn`, not fork: CUDA cannot be used in a child forked from a
+process that may have touched it, and the launcher asks whether CUDA is there.
 """
 from __future__ import annotations
 
@@ -127,6 +131,8 @@ class _Progress:
 def launch(cfg: C.RunConfig, dump_grads: str = "", quiet: bool = False) -> tuple[Path, dict[str, Any]]:
     """Run the job; return (run_dir, run.json contents). Never leaves a child behind."""
     cfg.validate()
+    if cfg.device == "cuda":
+        C.check_cuda(cfg.world_size)   # all ranks on this host (the CLI checked it already)
     run_dir = prepare_run_dir(cfg.out)
     cfg.out = str(run_dir)
     world = cfg.world_size
@@ -140,7 +146,7 @@ def launch(cfg: C.RunConfig, dump_grads: str = "", quiet: bool = False) -> tuple
         "end_reason": "running",
     }
     _write_json(run_dir / S.RUN_JSON, run)
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn" if cfg.device == "cuda" else "fork")
     progress = ctx.Array("i", world, lock=False)
     lingering = ctx.Array("i", world, lock=False)   # 1: failed, waiting so peers can time out on their own
     release = ctx.Event()

@@ -11,6 +11,15 @@ silently mismatched groups). So before creating anything the ranks all-gather
 a hash of their planned group list and refuse to continue if they differ,
 naming the ranks whose plan is in the minority.
 
+Why each rank writes only its own groups: a 16,384-rank mesh has 20,545
+groups (2 MB of JSON); written by every rank that was 32 GB of identical
+copies. Each rank's groups.json now holds the groups it belongs to plus the
+fingerprint of its whole ordered plan; the whole plan is written by rank 0
+and by the lowest rank of every other fingerprint (a disagreeing view is
+evidence, so it is kept, once). Members that form an arithmetic progression
+(every mesh slice: world, tp, dp, pp, ep, edp, dp_cp) are written as
+{"range": [start, stop, step]}. See docs/trace-format.md.
+
     mesh = build_mesh(cfg, comm)   # comm: runtime.comm.Comm
     mesh.group("dp")               # this rank's dp Group
 """
@@ -100,6 +109,43 @@ def fingerprint(plan: list[tuple[str, str, list[int]]]) -> int:
     return int.from_bytes(digest, "big") >> 1
 
 
+GROUPS_FORMAT = 2   # groups.json as an object {format, fingerprint, n_groups, groups[, plan]}; 1 was a list
+
+
+def encode_members(members: list[int] | tuple[int, ...]) -> list[int] | dict[str, list[int]]:
+    """[0, 8, 16, ..., 2040] -> {"range": [0, 2048, 8]}; other lists (and short ones) as they are."""
+    ms = list(members)
+    if len(ms) >= 3:
+        step = ms[1] - ms[0]
+        if step > 0 and ms == list(range(ms[0], ms[-1] + 1, step)):
+            return {"range": [ms[0], ms[-1] + step, step]}
+    return ms
+
+
+def writes_whole_plan(rank: int, fps: list[int]) -> bool:
+    """Whether this rank writes the whole plan: rank 0, and the lowest rank of every other fingerprint.
+
+    So each distinct view is on disk exactly once, whoever disagrees (even
+    when rank 0 is the odd one: then rank 1 writes the majority's plan)."""
+    mine = fps[rank]
+    return rank == 0 or (mine != fps[0] and fps.index(mine) == rank)
+
+
+def group_file(rank: int, view: list[dict[str, Any]], fp: int, full: bool) -> dict[str, Any]:
+    """The groups.json object of one rank: its own groups, the plan's fingerprint, the whole plan if `full`.
+
+    `view` is every group this rank plans or created, in creation order
+    (world first), as `Group.describe()` dicts; `fp` is `fingerprint(plan)`,
+    the value this rank all-gathers before creating groups."""
+    def enc(g: dict[str, Any]) -> dict[str, Any]:
+        return {**g, "ranks": encode_members(g["ranks"])}
+    out: dict[str, Any] = {"format": GROUPS_FORMAT, "fingerprint": f"{fp:016x}", "n_groups": len(view),
+                           "groups": [enc(g) for g in view if rank in g["ranks"]]}
+    if full:
+        out["plan"] = [enc(g) for g in view]
+    return out
+
+
 @dataclass
 class Mesh:
     grid: Grid
@@ -134,13 +180,18 @@ def build_mesh(cfg: RunConfig, comm: Comm, reorder: bool = False) -> Mesh:
     mesh = Mesh(grid=grid, rank=comm.rank)
     mesh.groups["world"] = world
     # record the planned view first, so a refused mesh still leaves evidence
-    comm.rec.write_meta(coords=grid.coords(comm.rank), groups=[world.describe()] + [
-        {"name": n, "kind": k, "ranks": m, "creation_order": i + 1, "backend": cfg.backend}
-        for i, (n, k, m) in enumerate(plan)])
+    planned = [world.describe()] + [{"name": n, "kind": k, "ranks": m, "creation_order": i + 1,
+                                     "backend": cfg.backend} for i, (n, k, m) in enumerate(plan)]
+    comm.rec.write_meta(coords=grid.coords(comm.rank), groups=group_file(comm.rank, planned, mine_fp,
+                                                                         full=comm.rank == 0))
+    writes_plan = comm.rank == 0
     if comm.world_size > 1:
         fps = torch.zeros(comm.world_size, dtype=torch.int64)
         comm.all_gather_into_tensor(fps, torch.tensor([mine_fp], dtype=torch.int64), world)
         values = fps.tolist()
+        writes_plan = writes_whole_plan(comm.rank, values)
+        if writes_plan and comm.rank != 0:
+            comm.rec.write_meta(groups=group_file(comm.rank, planned, mine_fp, full=True))
         counts = Counter(values)
         if len(counts) > 1:
             majority = counts.most_common(1)[0][0]
@@ -164,5 +215,6 @@ def build_mesh(cfg: RunConfig, comm: Comm, reorder: bool = False) -> Mesh:
         if kind not in mesh.mine:   # axis of size 1 (or ep off): a trivial group
             mesh.mine[kind] = Group(f"{kind}-self{comm.rank}", kind, (comm.rank,), None, -1, 0)
     mesh.mine["world"] = world
-    comm.rec.write_meta(coords=grid.coords(comm.rank), groups=mesh.describe())
+    comm.rec.write_meta(coords=grid.coords(comm.rank),
+                        groups=group_file(comm.rank, mesh.describe(), mine_fp, full=writes_plan))
     return mesh

@@ -41,7 +41,10 @@ from ncclscope import schema as S
 FLUSH_INTERVAL_S = 0.2
 HEARTBEAT_INTERVAL_S = 1.0
 # An op is suspect when it has run SUSPECT_FACTOR times longer than the slowest
-# completed instance of the same (op_name, group) and at least SUSPECT_MIN_S.
+# completed instance of the same op (kind, name, group, peer, bytes: its own
+# history; (kind, name, group) when that exact op has not completed yet) and at
+# least SUSPECT_MIN_S. An op with no completed instance of either key is never
+# suspect: there is nothing to compare its wait with.
 SUSPECT_FACTOR = 20.0
 SUSPECT_MIN_S = 2.0
 
@@ -49,6 +52,15 @@ _EVENT_INDEX = {name: i for i, name in enumerate(S.EVENT_COLUMNS)}
 _BLANK_EVENT: tuple[Any, ...] = tuple(
     "" if pa.types.is_string(t) else -1 for _, t in S.EVENT_FIELDS
 )
+
+
+def _fmt_s(seconds: float) -> str:
+    """A duration with the unit that shows it (never "0.0 s" for a short one)."""
+    if seconds >= 1.0:
+        return f"{seconds:.1f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.1f} ms"
+    return f"{max(seconds, 0.0) * 1e6:.0f} us"
 
 
 class Context:
@@ -128,7 +140,8 @@ class Recorder:
         self.samples = _Stream(self.dir / S.SAMPLES_FILE, S.SAMPLES_SCHEMA)
         self._next_op = 0
         self._inflight: dict[int, tuple[float, str, str, int]] = {}  # op_id -> (start, name, group, seq)
-        self._history: dict[tuple[str, str], float] = {}           # (name, group) -> slowest ok duration
+        self._op_keys: dict[int, tuple[str, str, str, int, int]] = {}  # op_id -> (kind, name, group, peer, bytes)
+        self._history: dict[tuple, float] = {}  # op key and (kind, name, group) -> slowest ok duration (s)
         self._suspected: set[int] = set()
         self._stacks_path = self.dir / S.STACKS_FILE
         self._stacks_file = open(self._stacks_path, "a")
@@ -165,6 +178,7 @@ class Recorder:
             timeout_ms, call_site, message,
         ))
         self._inflight[op_id] = (now, op_name, group, seq)
+        self._op_keys[op_id] = (kind, op_name, group, peer, nbytes)
         return op_id
 
     def end(self, op_id: int, status: str = S.STATUS_OK, message: str = "") -> None:
@@ -177,11 +191,14 @@ class Recorder:
             self.rank, op_id, S.PHASE_END, now, "", name, group, seq, -1, -1, -1, -1, "", "", "",
             self.context.step, -1, -1, -1, status, -1, "", message,
         ))
-        if started is not None and status == S.STATUS_OK:
+        key = self._op_keys.pop(op_id, None)
+        if started is not None and status == S.STATUS_OK and key is not None:
             dur = (now - started[0]) / 1e9
-            key = (name, group)
-            if dur > self._history.get(key, 0.0):
-                self._history[key] = dur
+            hist = self._history
+            if dur > hist.get(key, -1.0):
+                hist[key] = dur
+            if dur > hist.get(key[:3], -1.0):
+                hist[key[:3]] = dur
 
     def instant(self, kind: str, op_name: str, message: str = "", status: str = "") -> None:
         """A marker row (heartbeat, step boundary, fault injected, ...)."""
@@ -239,10 +256,12 @@ class Recorder:
     def write_meta(self, **updates: Any) -> None:
         """Rewrite rank.json atomically (tmp + rename): never a half-written file.
 
-        The group table goes to its own groups.json: it is the bulk of the
-        metadata at scale (a 1,024-rank mesh has over a thousand groups), and
-        ranks' views are nearly always byte-identical, so the reader parses
-        each distinct view once instead of once per rank."""
+        The group table goes to its own groups.json: `groups` is the object
+        `mesh.group_file` builds (this rank's own groups, the fingerprint of
+        its whole plan, and the whole plan only on rank 0 and on the lowest
+        rank of any other fingerprint), so a 16,384-rank mesh's 2 MB plan is
+        written once, not once per rank. A plain list (a full view, the
+        format before) is still written as given."""
         groups = updates.pop("groups", None)
         if groups is not None:
             self._atomic_write(S.GROUPS_JSON, json.dumps(groups, separators=(",", ":")))
@@ -293,16 +312,25 @@ class Recorder:
                 self._stop.set()
 
     def _watchdog(self) -> None:
-        """Mark ops that run far longer than their own history as suspect (once each)."""
+        """Mark ops that run far longer than their own history as suspect (once each).
+
+        The history is the slowest completed instance of the same op (see
+        SUSPECT_FACTOR); the wait is measured from the op's own begin row, so a
+        suspect row always says a wait of at least SUSPECT_MIN_S."""
         now = time.time_ns()
         for op_id, (start, name, group, seq) in list(self._inflight.items()):
             if op_id in self._suspected:
                 continue
-            slowest = self._history.get((name, group))
+            key = self._op_keys.get(op_id)
+            if key is None:
+                continue
+            slowest = self._history.get(key)
+            if slowest is None:
+                slowest = self._history.get(key[:3])
             if slowest is None:
                 continue
             waited = (now - start) / 1e9
-            if waited > max(SUSPECT_MIN_S, SUSPECT_FACTOR * slowest):
+            if waited >= SUSPECT_MIN_S and waited > SUSPECT_FACTOR * slowest:
                 self._suspected.add(op_id)
                 row = list(_BLANK_EVENT)
                 row[0], row[1], row[2], row[3] = self.rank, op_id, S.PHASE_INSTANT, now
@@ -311,7 +339,8 @@ class Recorder:
                 row[_EVENT_INDEX["process_group"]] = group
                 row[_EVENT_INDEX["collective_seq_id"]] = seq
                 row[_EVENT_INDEX["status"]] = S.STATUS_SUSPECT
-                row[_EVENT_INDEX["message"]] = f"in flight {waited:.1f} s; slowest earlier {slowest * 1e3:.1f} ms"
+                row[_EVENT_INDEX["message"]] = (f"in flight {_fmt_s(waited)}; slowest earlier {_fmt_s(slowest)} "
+                                                f"({waited / max(slowest, 1e-9):.0f}x)")
                 self.events.rows.append(tuple(row))
 
     def close(self, status: str = "ok", message: str = "") -> None:

@@ -25,6 +25,13 @@ import torch
 SAMPLE_HZ = 10.0
 
 
+def _gpu_expected() -> bool:
+    """True where a GPU should be there: the NVIDIA driver's device nodes exist
+    (no CUDA call, so nothing is initialised in a forked rank). Only then is a
+    missing NVML worth a line."""
+    return os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/nvidia0")
+
+
 class Sampler:
     """Background thread appending one samples row per tick to the recorder."""
 
@@ -50,8 +57,8 @@ class Sampler:
             self.source = "nvml"
         except Exception as exc:  # NVMLError_LibraryNotFound and friends: fall back, never crash
             self.reason = f"{type(exc).__name__}: {exc}".strip()
-            if announce:
-                print(f"ncclscope: NVML unavailable ({self.reason}); recording host samples (CPU %, RSS) instead",
+            if announce and _gpu_expected():   # a CPU-only machine has nothing to announce
+                print(f"ncclscope: no GPU telemetry ({type(exc).__name__}); sampling CPU % and RSS instead",
                       file=sys.stderr, flush=True)
         self.rec.write_meta(telemetry={"source": self.source, "reason": self.reason, "device": self._device})
         self._stop = threading.Event()

@@ -25,12 +25,21 @@ before clipping}}, "params": {name: after the last step}, "shard": {name:
 local gradient held), "losses", "grad_norms", "coords"}. Names are the
 reference model's.
 
+`--device cuda` runs the same loop on NCCL, one GPU per local rank
+(LOCAL_RANK under torchrun, the rank itself under ncclscope's launcher);
+docs/nccl.md says how op ends and timeouts map onto NCCL's.
+
+Drills and other tools attach through `StepHooks` (the loop), the executor's
+`before_remote_send` and `Comm.add_hook` (every op); runtime/faults.py
+registers the `--inject` drills there. The loop itself knows no drill.
+
 Exit codes: 0 ok, 3 comm timeout, 4 comm error, 5 other exception,
 6 the ranks disagree on process groups, 7 bad configuration.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as _dt
 import json
 import math
@@ -39,7 +48,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import psutil
 import torch
@@ -87,10 +96,30 @@ def _memory_bytes() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+class StepHooks:
+    """Points of the training loop where drills (runtime/faults.py) or other
+    tools attach; each is a list of callables run in order (empty: nothing)."""
+
+    def __init__(self) -> None:
+        self.step_start: list[Callable[[int], None]] = []                  # (step)
+        self.after_compute: list[Callable[[int, float], None]] = []        # (step, forward+backward seconds)
+        self.after_backward: list[Callable[[int, list[torch.nn.Parameter]], None]] = []   # (step, params)
+        self.reduce_options: list[Callable[[int], dict[str, Any]]] = []    # (step) -> DataParallel.reduce kwargs
+
+
+def _host() -> Any:
+    """Where seeded host-side work runs (model init, batches): the CPU, also when
+    the default device is a GPU, so every device sees the same numbers."""
+    return torch.device("cpu") if torch.get_default_device().type != "cpu" else contextlib.nullcontext()
+
+
 def build_stages(cfg: C.RunConfig, comm: Comm, mesh: Any) -> list[ParallelStage]:
     """This rank's model chunks (one per virtual stage it owns: stage c*pp + pp_rank),
     sliced from the full reference model initialised from the seed."""
-    full = make_model(cfg)
+    with _host():
+        full = make_model(cfg)
+    if torch.get_default_device().type != "cpu":
+        full.to(torch.get_default_device())
     cp = mesh.group("cp")
     lay = Layout(comm, mesh.group("tp"), cp, mesh.group("ep"), zigzag_index(cp.rank, cp.size, cfg.block_size))
     per_stage = cfg.layers_per_stage()
@@ -140,9 +169,10 @@ def _grads_for_dump(dpar: DataParallel, named: list[tuple[str, torch.nn.Paramete
     return grads, ranges
 
 
-def train(cfg: C.RunConfig, comm: Comm, mesh: Any, rec: Any, faults: FaultPlan, progress: Any = None,
+def train(cfg: C.RunConfig, comm: Comm, mesh: Any, rec: Any, faults: FaultPlan | None = None, progress: Any = None,
           dump_grads: str = "") -> None:
-    """Training on any layout of tp x cp x dp x pp (ep inside dp, ZeRO on dp)."""
+    """Training on any layout of tp x cp x dp x pp (ep inside dp, ZeRO on dp).
+    `faults` (a FaultPlan, possibly empty) installs its hooks on comm, loop and executor."""
     dp_index = mesh.coords["dp"]
     chunks = build_stages(cfg, comm, mesh)
     named = [(n, p) for chunk in chunks for n, p in chunk.named_parameters()]
@@ -151,11 +181,14 @@ def train(cfg: C.RunConfig, comm: Comm, mesh: Any, rec: Any, faults: FaultPlan, 
     for m in moes:
         m.grad_scale = 1.0 / cfg.microbatches          # the loss of each microbatch is divided by m
     dpar = build_data_parallel(cfg, comm, mesh, named)
-    executor = PipelineExecutor(chunks, cfg.schedule, cfg.microbatches, comm, mesh.group("pp"), rec, faults)
+    executor = PipelineExecutor(chunks, cfg.schedule, cfg.microbatches, comm, mesh.group("pp"), rec)
+    hooks = StepHooks()
+    if faults is not None:
+        faults.install(comm=comm, steps=hooks, pipeline=executor)
     is_last = any(chunk.last for chunk in chunks)
     positions = chunks[0].positions
     dtype = getattr(torch, cfg.dtype)
-    slow = faults.slow_factor()
+    device = torch.get_default_device()
     dumped: dict[int, dict[str, torch.Tensor]] = {}
     ranges: dict[str, list[int]] = {}
     losses: dict[int, float] = {}
@@ -165,8 +198,12 @@ def train(cfg: C.RunConfig, comm: Comm, mesh: Any, rec: Any, faults: FaultPlan, 
         rec.context.step = step
         if progress is not None:
             progress[comm.rank] = step + 1
-        faults.at_step_start()
-        x, y = global_batch(cfg.seed, step, cfg.batch_size, cfg.block_size)
+        for hook in hooks.step_start:
+            hook(step)
+        with _host():
+            x, y = global_batch(cfg.seed, step, cfg.batch_size, cfg.block_size)
+        if device.type != "cpu":
+            x, y = x.to(device), y.to(device)
         x, y = shard(x, dp_index, cfg.dp)[:, positions], shard(y, dp_index, cfg.dp)[:, positions]  # [B/dp, T/cp]
         mb_shape = (x.shape[0] // cfg.microbatches, x.shape[1], cfg.n_embd)
         for p in params:
@@ -174,16 +211,18 @@ def train(cfg: C.RunConfig, comm: Comm, mesh: Any, rec: Any, faults: FaultPlan, 
         t_compute = time.perf_counter()
         loss_sum = executor.run(list(x.chunk(cfg.microbatches)), list(y.chunk(cfg.microbatches)), mb_shape, dtype)
         compute_s = time.perf_counter() - t_compute
-        if slow > 1:
-            with rec.span("forward", message=f"slowed x{slow:g}"):
-                time.sleep((slow - 1) * compute_s)
-        if faults.take("nan"):   # as if backward had produced it on this rank
-            params[0].grad.view(-1)[0] = float("nan")
+        for hook in hooks.after_compute:
+            hook(step, compute_s)
+        for hook in hooks.after_backward:
+            hook(step, params)
         local_norm = math.sqrt(grad_norm_sq(params))
         if not math.isfinite(local_norm):
             # said at the origin, before the reduction spreads it to every replica
             rec.instant(S.KIND_MARKER, "nonfinite", message=f"local gradient norm {local_norm} before reduction")
-        loss_avg = dpar.reduce(loss_sum.reshape(1), keep_local=faults.take("desync_grad"))
+        options: dict[str, Any] = {}
+        for option in hooks.reduce_options:
+            options.update(option(step))
+        loss_avg = dpar.reduce(loss_sum.reshape(1), **options)
         global_norm = dpar.global_norm()
         loss = float(loss_avg[0]) if is_last else float("nan")
         if dump_grads:
@@ -218,6 +257,38 @@ def _moe_metrics(moes: list[Any], stats: list[tuple[list[int], int]]) -> dict[st
             "extra": json.dumps({"expert_load_by_layer": by_layer, "local_experts": list(moes[0].local)})}
 
 
+def nccl_environment(cfg: C.RunConfig, rank_dir: Path | None) -> dict[str, str]:
+    """NCCL's own failure handling, set (unless the user set them) before the
+    process group exists. docs/nccl.md explains each choice."""
+    env = {
+        "TORCH_NCCL_BLOCKING_WAIT": "0",            # work.wait() must not block the CPU: the poller ends ops
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": "3",     # watchdog: abort communicators, tear down the process
+        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",     # Flight Recorder on (entries per rank)
+        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",          # ... and dumped by the watchdog on its timeout
+    }
+    if rank_dir is not None:
+        env["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] = str(rank_dir / "nccl_trace_rank_")
+    applied = {}
+    for key, value in env.items():
+        applied[key] = os.environ.setdefault(key, value)
+    return applied
+
+
+def _select_device(cfg: C.RunConfig, local_rank: int) -> torch.device:
+    """cpu, or this rank's GPU (cuda:LOCAL_RANK), made current and default so
+    every tensor the runtime creates lands there."""
+    if cfg.device != "cuda":
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise C.ConfigError(f"--device cuda needs one GPU per local rank: local rank {local_rank}, "
+                            f"{count} GPU{'s' if count != 1 else ''} visible")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)
+    torch.set_default_device(device)
+    return device
+
+
 def run_rank(cfg: C.RunConfig, rank: int, world_size: int, init_method: str, local_rank: int = 0,
              progress: Any = None, dump_grads: str = "") -> int:
     """Everything one rank does, start to finish. Returns the process exit code."""
@@ -226,12 +297,18 @@ def run_rank(cfg: C.RunConfig, rank: int, world_size: int, init_method: str, loc
     run_dir = Path(cfg.out)
     rec: Any = Recorder(run_dir, rank, world_size) if cfg.trace else NullRecorder(rank, world_size)
     faults = FaultPlan(cfg.inject, rank, rec)
-    comm = Comm(rec, rank, world_size, timeout_s=cfg.timeout_s, faults=faults or None)
+    comm = Comm(rec, rank, world_size, timeout_s=cfg.timeout_s, backend=cfg.backend)
     sampler = None
     code, message = EXIT_OK, ""
     try:
-        dist.init_process_group(cfg.backend, init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=_dt.timedelta(seconds=max(cfg.timeout_s, 30.0)))
+        init: dict[str, Any] = {"timeout": _dt.timedelta(seconds=max(cfg.timeout_s, 30.0))}
+        device = _select_device(cfg, local_rank)
+        if cfg.backend == "nccl":
+            env = nccl_environment(cfg, getattr(rec, "dir", None))
+            init = {"timeout": _dt.timedelta(seconds=comm.pg_timeout_s()), "device_id": device}
+            comm.on_stuck = lambda err: _exit_stuck(rec, sampler, err)
+            rec.write_meta(device=str(device), nccl_env=env)
+        dist.init_process_group(cfg.backend, init_method=init_method, rank=rank, world_size=world_size, **init)
         world = comm.register_world()
         offset, uncertainty = measure_clock_offsets(comm, world)
         rec.write_meta(clock_offset_ns=offset, clock_uncertainty_ns=uncertainty, local_rank=local_rank,
@@ -242,24 +319,51 @@ def run_rank(cfg: C.RunConfig, rank: int, world_size: int, init_method: str, loc
         train(cfg, comm, mesh, rec, faults, progress, dump_grads)
         rec.context.step = -1
         comm.barrier(world)   # nobody tears down while a peer still sends
+        if device.type == "cuda":
+            torch.cuda.synchronize()   # every op's completion seen before the trace closes
     except CommTimeoutError as exc:
         code, message = EXIT_TIMEOUT, str(exc)
     except CommError as exc:
         code, message = EXIT_COMM, str(exc)
     except MeshError as exc:
         code, message = EXIT_MESH, f"rank {rank}: {exc}"
+    except C.ConfigError as exc:
+        code, message = EXIT_CONFIG, f"rank {rank}: {exc}"
     except Exception as exc:  # the trace must still be closed and say why
         code, message = EXIT_OTHER, f"rank {rank}: {type(exc).__name__}: {exc}"
         traceback.print_exc()
     finally:
         if sampler is not None:
             sampler.stop()
+        _drain_completions(comm)
         rec.close("ok" if code == EXIT_OK else "error", message)
     if message:
         print(f"ncclscope: {message}", file=sys.stderr, flush=True)
     if code == EXIT_OK:
         dist.destroy_process_group()
     return code
+
+
+def _drain_completions(comm: Comm, wait_s: float = 2.0) -> None:
+    """NCCL: give the poller a moment to write the end rows of ops that have
+    completed on the GPU before the trace closes (gloo: nothing pending)."""
+    pending = comm._completions.pending if comm._completions is not None else None
+    deadline = time.monotonic() + wait_s
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def _exit_stuck(rec: Any, sampler: Any, err: Exception) -> None:
+    """NCCL: an op timed out and the training thread is blocked in a GPU wait
+    that will not return; close the trace with the reason and exit with the
+    timeout code (the evidence is written; NCCL's watchdog would abort later)."""
+    try:
+        if sampler is not None:
+            sampler.stop()
+        rec.close("error", str(err))
+    finally:
+        print(f"ncclscope: {err}", file=sys.stderr, flush=True)
+        os._exit(EXIT_TIMEOUT)
 
 
 def _write_run_json(cfg: C.RunConfig, world_size: int, launcher: str) -> None:

@@ -239,7 +239,7 @@ def test_executor_runs_virtual_stages_on_one_rank_like_the_reference() -> None:
 def test_moe_does_not_combine_with_cp() -> None:
     with pytest.raises(ConfigError) as err:
         RunConfig(cp=2, n_experts=2).validate()
-    assert str(err.value) == ("MoE (n_experts=2) does not combine with --cp 2: routing groups are whole "
+    assert str(err.value) == ("MoE (--n-experts 2) does not combine with --cp 2: routing groups are whole "
                               "sequences, which cp splits across ranks")
 
 

@@ -292,3 +292,35 @@ def test_invalid_inputs_name_the_numbers():
         build_schedule("zb", 2, 4)
     with pytest.raises(ValueError, match=r"v=2"):
         theoretical_bubble("gpipe", 2, 4, 2)
+
+
+def test_analyzer_and_schedules_import_without_torch() -> None:
+    """The analyzer runs where torch is absent: every ncclscope.analysis
+    submodule, the schedules and the simulator import with torch blocked,
+    and none of them pulls in the runtime."""
+    import subprocess
+    import sys
+    code = (
+        "import sys, pkgutil, importlib\n"
+        "sys.modules['torch'] = None\n"
+        "import ncclscope.analysis as A\n"
+        "names = [m.name for m in pkgutil.iter_modules(A.__path__, 'ncclscope.analysis.')]\n"
+        "for n in names + ['ncclscope.schedules', 'ncclscope.pipesim']:\n"
+        "    importlib.import_module(n)\n"
+        "from ncclscope.analysis.bubbles import theoretical_bubble\n"
+        "assert abs(theoretical_bubble('1f1b', 4, 8) - 3 / 11) < 1e-12\n"
+        "bad = sorted(m for m in sys.modules if m.startswith('ncclscope.runtime'))\n"
+        "assert not bad, bad\n"
+        "print(len(names))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert int(res.stdout.strip()) >= 10
+
+
+def test_runtime_reexports_are_the_pure_functions() -> None:
+    import ncclscope.pipesim as pure_sim
+    import ncclscope.schedules as pure
+    from ncclscope.runtime.pipeline import schedules as rt, simulate as rt_sim
+    assert rt.build_schedule is pure.build_schedule and rt.Action is pure.Action
+    assert rt.FORWARD == pure.FORWARD and rt_sim.simulate is pure_sim.simulate

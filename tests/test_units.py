@@ -12,18 +12,18 @@ pytestmark = pytest.mark.timeout(30)
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(tp=2, pp=2, dp=2, nproc=6), "tp*pp*dp*cp = 2*2*2*1 = 8, but --nproc is 6"),
-    (dict(tp=3, n_head=2), "n_head must be divisible by tp: 2 % 3 = 2"),
-    (dict(n_embd=30, n_head=4), "n_embd must be divisible by n_head: 30 % 4 = 2"),
-    (dict(dp=4, ep=3), "--ep must divide --dp (experts are sharded across data-parallel ranks): 4 % 3 = 1"),
-    (dict(pp=2, n_layer=3), "n_layer must be divisible by pp*vpp (or give --pp-layers): 3 % 2 = 1"),
-    (dict(pp=2, pp_layers=[1, 2], n_layer=4), "--pp-layers 1,2 sums to 3, but n_layer is 4"),
-    (dict(pp=2, pp_layers=[4], n_layer=4), "--pp-layers has 1 entries but pp*vpp = 2*1 = 2 stages"),
+    (dict(tp=3, n_head=2), "--n-head 2 is not divisible by --tp 3"),
+    (dict(n_embd=30, n_head=4), "--n-embd 30 is not divisible by --n-head 4"),
+    (dict(dp=4, ep=3), "--dp 4 is not divisible by --ep 3 (experts are sharded across data-parallel ranks)"),
+    (dict(pp=2, n_layer=3), "--n-layer 3 is not divisible by --pp 2 (give another --n-layer, or --pp-layers)"),
+    (dict(pp=2, pp_layers=[1, 2], n_layer=4), "--pp-layers 1,2 sums to 3, but --n-layer is 4"),
+    (dict(pp=2, pp_layers=[4], n_layer=4), "--pp-layers has 1 entries, but --pp 2 makes 2 stages"),
     (dict(pp=2, vpp=2, schedule="interleaved", microbatches=3, batch_size=6),
-     "interleaved schedule needs microbatches % pp == 0: 3 % 2 = 1"),
+     "--schedule interleaved needs --microbatches divisible by --pp: --microbatches 3 is not divisible by --pp 2"),
     (dict(vpp=2, schedule="1f1b"), "--vpp 2 needs --schedule interleaved (got 1f1b)"),
-    (dict(dp=3, batch_size=8), "batch_size must be divisible by dp: 8 % 3 = 2"),
-    (dict(dp=2, batch_size=8, microbatches=3), "per-replica batch must be divisible by microbatches: 8/2 = 4, % 3 = 1"),
-    (dict(cp=3, block_size=32), "block_size must be divisible by 2*cp (zig-zag chunks): 32 % 6 = 2"),
+    (dict(dp=3, batch_size=8), "--batch-size 8 is not divisible by --dp 3"),
+    (dict(dp=2, batch_size=8, microbatches=3), "--batch-size 8 / --dp 2 = 4 sequences per replica is not divisible by --microbatches 3"),
+    (dict(cp=3, block_size=32), "--block-size 32 is not divisible by 2 x --cp 3 = 6 (zig-zag chunks)"),
     (dict(tp=0), "--tp must be a positive integer, got 0"),
     (dict(schedule="zb"), "--schedule must be one of gpipe, 1f1b, interleaved, got 'zb'"),
 ])
@@ -78,7 +78,7 @@ def test_fault_specs():
     for bad, text in [("explode:rank=1", "unknown kind 'explode'"), ("skip:rank=1", "skip needs step"),
                       ("skip:rank=1,step=x", "must be integers"), ("slow:rank=1,factor=0.5", "factor must be"),
                       ("mismatch:rank=0,step=1,what=color", "what must be size, dtype or type"),
-                      ("hang:rank=1,step=1,use=dp", "hang takes rank, step, not 'use'"), ("kill:rank", "key=value")]:
+                      ("hang:rank=1,step=1,use=dp", "unknown key 'use'; hang takes rank, step"), ("kill:rank", "key=value")]:
         with pytest.raises(FaultSpecError) as err:
             parse_spec(bad)
         assert text in str(err.value)

@@ -21,14 +21,14 @@ tensors over locally.
 Every op and compute span is tagged with rec.context.stage / chunk /
 microbatch, so the analyzer can rebuild the schedule from the trace.
 
-The `p2p_order` drill: at its step, before this rank's first cross-rank
-activation send, it blocks on receiving that microbatch's gradient from the
-next stage first - which cannot come before the activation it has not sent.
-Both neighbours wait in recv: the classic unpaired send/recv deadlock.
+Hooks: `before_remote_send` callables run as `hook(executor, direction,
+receiving stage, microbatch)` before every send to another rank; a hook may
+call `executor.receive(...)` (the `p2p_order` drill in runtime/faults.py uses
+it to post a receive that cannot be matched). Empty by default.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.nn as nn
@@ -42,8 +42,13 @@ class PipelineExecutor:
     the schedule's actions, with p2p through `comm` over the `pp` group."""
 
     def __init__(self, chunks: list[nn.Module], schedule: str, microbatches: int, comm: Comm, pp: Group,
-                 rec: Any, faults: Any = None) -> None:
-        self.chunks, self.comm, self.pp, self.rec, self.faults = chunks, comm, pp, rec, faults
+                 rec: Any) -> None:
+        self.chunks, self.comm, self.pp, self.rec = chunks, comm, pp, rec
+        self.before_remote_send: list[Callable[["PipelineExecutor", str, int, int], None]] = []
+        self._shape: tuple[int, ...] = ()
+        self._dtype = torch.float32
+        self._device: Any = None
+        self._local: dict[tuple[str, int, int], torch.Tensor] = {}
         self.p, self.v, self.m = pp.size, len(chunks), microbatches
         self.n_stages = self.p * self.v
         name = schedule if self.n_stages > 1 else "1f1b"              # one stage: plain F/B alternation
@@ -57,17 +62,17 @@ class PipelineExecutor:
     def _rank_of(self, stage: int) -> int:
         return self.pp.ranks[stage_to_rank(stage, self.p)]
 
-    def _local(self, stage: int) -> bool:
+    def _is_local(self, stage: int) -> bool:
         return stage_to_rank(stage, self.p) == self.pp.rank
 
     def run(self, inputs: list[torch.Tensor], targets: list[torch.Tensor], act_shape: tuple[int, ...],
             dtype: torch.dtype) -> torch.Tensor:
         """One step over m microbatches. Returns the summed loss (last stage; 0 elsewhere)."""
         store: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
-        local: dict[tuple[str, int, int], torch.Tensor] = {}
+        self._local = local = {}
+        self._shape, self._dtype, self._device = act_shape, dtype, inputs[0].device
         sends: list[Handle] = []
-        loss_sum = torch.zeros((), dtype=dtype)
-        drill = self.faults is not None and self._has_remote_send() and self.faults.take("p2p_order")
+        loss_sum = torch.zeros((), dtype=dtype, device=self._device)
         ctx = self.rec.context
         try:
             for a in self.actions:
@@ -82,7 +87,7 @@ class PipelineExecutor:
                         x: torch.Tensor | None = None
                         inp = inputs[mb]
                     else:
-                        x = self._receive(FORWARD, s, mb, act_shape, dtype, local).requires_grad_()
+                        x = self.receive(FORWARD, s, mb).requires_grad_()
                         inp = x
                     with self.rec.span("forward"):
                         out = chunk(inp)
@@ -92,13 +97,10 @@ class PipelineExecutor:
                     if last:
                         loss_sum += out.detach()
                     else:
-                        if drill and not self._local(s + 1):
-                            drill = False
-                            self._receive("B", s, mb, act_shape, dtype, local)   # blocks: nothing will come
                         self._send(FORWARD, s + 1, mb, out.detach(), local, sends)
                 else:
                     x, out = store.pop((s, mb))
-                    grad = None if last else self._receive("B", s, mb, act_shape, dtype, local)
+                    grad = None if last else self.receive("B", s, mb)
                     with self.rec.span("backward"):
                         torch.autograd.backward(out, grad)
                     if s > 0:
@@ -110,24 +112,21 @@ class PipelineExecutor:
             ctx.microbatch = ctx.stage = ctx.chunk = -1
         return loss_sum
 
-    def _has_remote_send(self) -> bool:
-        return any(a.kind == FORWARD and a.stage < self.n_stages - 1 and not self._local(a.stage + 1)
-                   for a in self.actions)
-
     def _send(self, direction: str, stage: int, mb: int, t: torch.Tensor, local: dict, sends: list[Handle]) -> None:
         """Send to `stage` (the receiving stage) its input (F) or output gradient (B)."""
-        if self._local(stage):
+        if self._is_local(stage):
             local[(direction, stage, mb)] = t
         else:
+            for hook in self.before_remote_send:
+                hook(self, direction, stage, mb)
             sends.append(self.comm.isend(t.contiguous(), self._rank_of(stage), self.pp,
                                          tag=self._tag(direction, stage, mb)))
 
-    def _receive(self, direction: str, stage: int, mb: int, shape: tuple[int, ...], dtype: torch.dtype,
-                 local: dict) -> torch.Tensor:
+    def receive(self, direction: str, stage: int, mb: int) -> torch.Tensor:
         """Receive stage `stage`'s input (F, from stage-1) or output gradient (B, from stage+1)."""
-        if self._local(stage - 1 if direction == FORWARD else stage + 1):
-            return local.pop((direction, stage, mb))
-        buf = torch.empty(shape, dtype=dtype)
+        if self._is_local(stage - 1 if direction == FORWARD else stage + 1):
+            return self._local.pop((direction, stage, mb))
+        buf = torch.empty(self._shape, dtype=self._dtype, device=self._device)
         src = self._rank_of(stage - 1 if direction == FORWARD else stage + 1)
         self.comm.recv(buf, src, self.pp, tag=self._tag(direction, stage, mb))
         return buf
