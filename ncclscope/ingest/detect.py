@@ -11,16 +11,22 @@ file that starts like a pickle or a JSON object with "entries" is a Flight
 Recorder dump, a JSON object with "traceEvents" is a profiler trace. Only
 the first 64 KiB of each file is read to decide; nothing is unpickled.
 When nothing fits, a TraceError says in one line what was looked for.
+
+An input from which nothing could be read (every events file junk, every
+dump or trace cut off before its first op) is a TraceError too, naming the
+first thing that went wrong: an empty Trace would otherwise read as "OK".
 """
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 
+from .. import safe_io
 from .. import schema as S
 from ..trace import Trace, TraceError, load
-from . import flight_recorder as fr
-from . import profiler as prof
+from . import fr_read as fr
+from . import prof_read as prof
 
 FORMATS = "a ncclscope run directory, Flight Recorder dumps or PyTorch profiler traces"
 DATASET_MARKER = "ncclscope_dataset.json"      # = export.DATASET_MARKER (not imported: pyarrow.dataset is slow to load)
@@ -29,21 +35,31 @@ DATASET_MARKER = "ncclscope_dataset.json"      # = export.DATASET_MARKER (not im
 def detect(path: str | os.PathLike[str]) -> str:
     """"run" | "parquet" | "flight_recorder" | "profiler"; TraceError if none fits."""
     root = Path(path)
-    if not root.exists():
-        raise TraceError(f"{root}: no such file or directory")
-    if root.is_file():
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        raise TraceError(f"{root}: no such file or directory") from None
+    except (OSError, ValueError) as exc:
+        raise TraceError(f"{root}: unreadable ({safe_io.short(exc)})") from None
+    if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
+        raise TraceError(f"{root}: {safe_io._kind(st.st_mode)}, not {FORMATS}")
+    if stat.S_ISREG(st.st_mode):
         if fr.sniff(root):
             return "flight_recorder"
         if prof.sniff(root):
             return "profiler"
         raise TraceError(f"{root}: not {FORMATS} (the file is neither a Flight Recorder dump nor a profiler trace)")
-    if (root / S.RUN_JSON).exists() or any(p.is_dir() and p.name.startswith("rank-") for p in root.iterdir()):
+    try:
+        entries = sorted(root.iterdir())
+    except OSError as exc:
+        raise TraceError(f"{root}: cannot list the directory ({safe_io.short(exc)})") from None
+    if (root / S.RUN_JSON).exists() or any(p.name.startswith("rank-") and p.is_dir() for p in entries):
         return "run"
     if (root / DATASET_MARKER).exists():
         return "parquet"
     n_fr = n_prof = n_files = 0
-    for p in sorted(root.iterdir()):
-        if not p.is_file() or p.name.startswith("."):
+    for p in entries:
+        if p.name.startswith(".") or not safe_io.is_regular(p):
             continue
         n_files += 1
         if fr.sniff(p):
@@ -62,10 +78,25 @@ def load_any(path: str | os.PathLike[str]) -> Trace:
     """Load any input ncclscope understands into a Trace (see module docstring)."""
     kind = detect(path)
     if kind == "run":
-        return load(path)
-    if kind == "parquet":
+        trace = load(path)
+    elif kind == "parquet":
         from ..export import load_parquet
-        return load_parquet(path)
-    if kind == "flight_recorder":
-        return fr.load_flight_recorder(path)
-    return prof.load_profiler(path)
+        trace = load_parquet(path)
+    elif kind == "flight_recorder":
+        from .flight_recorder import load_flight_recorder
+        trace = load_flight_recorder(path)
+    else:
+        from .profiler import load_profiler
+        trace = load_profiler(path)
+    require_readable(trace, path)
+    return trace
+
+
+def require_readable(trace: Trace, path: str | os.PathLike[str]) -> None:
+    """TraceError when no rank yielded a single readable event: analyzing an
+    empty trace would say "OK" about input nobody could read."""
+    if len(trace.events):
+        return
+    why = trace.warnings[0] if trace.warnings else "no rank recorded any event"
+    more = f" (and {len(trace.warnings) - 1} more problems)" if len(trace.warnings) > 1 else ""
+    raise TraceError(f"{path}: nothing readable: {why}{more}")

@@ -1,53 +1,17 @@
-"""Export a Trace to the tools people already use: Perfetto and Parquet.
-
-    ncclscope export RUN --perfetto run.json     # open in https://ui.perfetto.dev
-    ncclscope export RUN --parquet run_parquet/  # pandas, DuckDB, Polars, Spark
-
-RUN is anything `ingest.load_any` reads (our run directory, Flight Recorder
-dumps, profiler traces, or a dataset this module wrote).
-
-Perfetto (Chrome trace-event JSON, `{"traceEvents": [...], "displayTimeUnit": "ns"}`):
-- one process per rank ("rank 3 @ host"), one track (thread) per kind of
-  activity: "compute", "collective <group>", "p2p <group>", "markers";
-  ops that overlap on one track (async isend/irecv) are spread over extra
-  lanes, because trace viewers draw only properly nested slices;
-- every op is an "X" slice (ts/dur in µs from the trace's first event, the
-  absolute start in otherData.t0_ns) whose args carry group, sequence number,
-  peer, bytes, dtype, step, microbatch, status and call site; an op that never
-  ended is drawn to the end of the trace with status "inflight" and
-  note "never completed";
-- a flow arrow ("s" -> "f", bp "e") from each send to the recv it pairs with,
-  matched by (src, dst, tag, p2p_seq_id) as in analysis/p2p.py;
-- "C" counters for NVML/host samples and per-step metrics, "i" instants for
-  markers (heartbeats are left out: they would bury everything else).
-The JSON is assembled column-wise (strings escaped once per distinct value),
-not one dict per event, so exporting millions of ops takes seconds.
-
-Parquet: one dataset per table (events, ops, metrics, samples, groups), each
-partitioned by rank in hive layout (`ops/rank=3/part-0.parquet`), plus
-`ncclscope_dataset.json` (schema version, run info, ranks, warnings, stacks)
-from which `load_parquet` rebuilds the Trace, so the export round-trips.
-"""
+"""Perfetto / Chrome trace-event JSON export (see the package docstring for the layout)."""
 from __future__ import annotations
 
 import json
 import os
-import shutil
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
-import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
-from . import schema as S
-from .trace import RankInfo, Trace, TraceError, assemble
+from .. import schema as S
+from ..trace import Trace
 
-DATASET_MARKER = "ncclscope_dataset.json"
-PARQUET_TABLES = ("events", "ops", "metrics", "samples", "groups")
 INFLIGHT_NOTE = "never completed (still in flight when the trace ends)"
 _CHUNK = 200_000
 
@@ -326,120 +290,3 @@ def _p2p_pairs(ops: pd.DataFrame, tids: np.ndarray, t0: int, t_end: int) -> tupl
     f_ns = m["start_r"].to_numpy() + (m["end_r"].to_numpy() - m["start_r"].to_numpy()) * 0.999
     recv_side = pd.DataFrame({"rank": m["dst"].to_numpy(), "tid": m["tid_r"].to_numpy(), "ts": (f_ns - t0) / 1000.0})
     return send_side, recv_side
-
-
-# --------------------------------------------------------------------------
-# Parquet
-# --------------------------------------------------------------------------
-def _arrow(df: pd.DataFrame) -> pa.Table:
-    """pandas -> Arrow with categoricals decoded to plain strings (every reader takes those)."""
-    table = pa.Table.from_pandas(df, preserve_index=False)
-    cols, fields = [], []
-    for fld, col in zip(table.schema, table.columns):
-        if pa.types.is_dictionary(fld.type):
-            col = pa.chunked_array([c.dictionary_decode() for c in col.chunks], type=fld.type.value_type)
-            fld = pa.field(fld.name, fld.type.value_type)
-        if pa.types.is_large_string(fld.type):
-            col = col.cast(pa.string())
-            fld = pa.field(fld.name, pa.string())
-        if fld.name == "rank":
-            col = col.cast(pa.int32())
-            fld = pa.field("rank", pa.int32())
-        cols.append(col)
-        fields.append(fld)
-    return pa.Table.from_arrays(cols, schema=pa.schema(fields))
-
-
-def export_parquet(trace: Trace, out_dir: str | os.PathLike[str]) -> dict[str, Any]:
-    """Write events, ops, metrics, samples and groups as Parquet datasets
-    partitioned by rank (hive layout) under out_dir; returns row counts."""
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise TraceError(f"{out}: exists and is not a directory")
-    if out.exists() and any(out.iterdir()) and not (out / DATASET_MARKER).exists():
-        raise TraceError(f"{out}: exists, is not empty and is not an ncclscope dataset; refusing to write into it")
-    out.mkdir(parents=True, exist_ok=True)
-    part = ds.partitioning(pa.schema([("rank", pa.int32())]), flavor="hive")
-    stats: dict[str, Any] = {"path": str(out)}
-    tables = {"events": trace.events, "ops": trace.ops, "metrics": trace.metrics, "samples": trace.samples,
-              "groups": trace.groups}
-    for name, df in tables.items():
-        target = out / name
-        if target.exists():
-            shutil.rmtree(target)
-        table = _arrow(df.reset_index(drop=True))
-        if len(table):
-            ds.write_dataset(table, target, format="parquet", partitioning=part,
-                             basename_template="part-{i}.parquet", existing_data_behavior="overwrite_or_ignore")
-        else:
-            target.mkdir(parents=True)
-            pq.write_table(table, target / "part-0.parquet")
-        stats[name] = int(len(table))
-    meta = {
-        "ncclscope_schema": S.SCHEMA_VERSION, "tables": {k: stats[k] for k in PARQUET_TABLES},
-        "partitioning": "hive, by rank", "source_path": str(trace.path), "world_size": trace.world_size,
-        "run": trace.run, "ranks": [asdict(info) for info in trace.ranks.values()],
-        "warnings": list(trace.warnings), "stacks": {str(r): s for r, s in trace.stacks.items()},
-    }
-    (out / DATASET_MARKER).write_text(json.dumps(meta, indent=1, default=str))
-    return stats
-
-
-def _read_table(path: Path) -> pa.Table:
-    files = sorted(path.rglob("*.parquet"))
-    if not files:
-        raise TraceError(f"{path}: no Parquet files")
-    parts = []
-    for f in files:
-        t = pq.read_table(f)
-        if "rank" not in t.column_names:
-            rank = next((int(p.split("=", 1)[1]) for p in f.relative_to(path).parts if p.startswith("rank=")), -1)
-            t = t.append_column("rank", pa.array(np.full(len(t), rank, np.int32)))
-        parts.append(t)
-    return pa.concat_tables(parts, promote_options="default")
-
-
-def load_parquet(path: str | os.PathLike[str]) -> Trace:
-    """Rebuild a Trace from a dataset written by `export_parquet`."""
-    root = Path(path)
-    marker = root / DATASET_MARKER
-    if not marker.exists():
-        raise TraceError(f"{root}: no {DATASET_MARKER} (not a dataset written by `ncclscope export --parquet`)")
-    try:
-        meta = json.loads(marker.read_text())
-    except (OSError, ValueError) as exc:
-        raise TraceError(f"{marker}: unreadable ({exc})") from None
-    if S.major(str(meta.get("ncclscope_schema", "0"))) != S.major(S.SCHEMA_VERSION):
-        raise TraceError(f"{root}: schema {meta.get('ncclscope_schema')}, this reader understands {S.SCHEMA_VERSION}")
-    ranks = {}
-    for item in meta.get("ranks", []):
-        fields = {k: v for k, v in item.items() if k in RankInfo.__dataclass_fields__}
-        info = RankInfo(**fields)
-        ranks[info.rank] = info
-    offsets = {r: info.clock_offset_ns for r, info in ranks.items()}
-
-    def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-        cols = [table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
-                for f in schema]
-        return pa.Table.from_arrays(cols, schema=schema)
-
-    def unalign(table: pa.Table) -> pa.Table:
-        """metrics/samples were written with aligned times; assemble aligns again."""
-        if not len(table) or not any(offsets.values()):
-            return table
-        r = table.column("rank").to_numpy()
-        off = np.array([offsets.get(int(x), 0) for x in r], np.int64)
-        idx = table.schema.get_field_index("time_ns")
-        return table.set_column(idx, "time_ns", pa.array(table.column("time_ns").to_numpy() - off))
-
-    events = conform(_read_table(root / "events"), S.EVENTS_SCHEMA)
-    metrics = unalign(conform(_read_table(root / "metrics"), S.METRICS_SCHEMA))
-    samples = unalign(conform(_read_table(root / "samples"), S.SAMPLES_SCHEMA))
-    groups = _read_table(root / "groups").to_pandas()
-    group_rows = [{"rank": int(g["rank"]), "process_group": str(g["process_group"]),
-                   "group_kind": str(g["group_kind"]), "ranks": [int(x) for x in g["ranks"]],
-                   "creation_order": int(g["creation_order"]), "backend": str(g["backend"])}
-                  for g in groups.to_dict("records")] if len(groups) else []
-    stacks = {int(k): str(v) for k, v in (meta.get("stacks") or {}).items()}
-    return assemble(root, dict(meta.get("run") or {}), int(meta.get("world_size", len(ranks))), ranks, [events],
-                    [metrics], [samples], group_rows, stacks, list(meta.get("warnings") or []))
