@@ -1,27 +1,30 @@
-"""Benchmark: how `ncclscope analyze` scales from 8 to 4,096 ranks.
+"""Benchmark: how `ncclscope analyze` scales from 8 to 16,384 ranks.
 
-    OMP_NUM_THREADS=1 python benchmarks/scale.py                       # 8, 64, 256, 1024, 4096 ranks
+    OMP_NUM_THREADS=1 python benchmarks/scale.py                       # 8 ... 16,384 ranks
     python benchmarks/scale.py --sizes 8,64 --events-per-rank 2000     # a quick look
-    python benchmarks/scale.py --max-events 40000000                   # no cap at 4,096 (more memory)
+    python benchmarks/scale.py --sizes 1024,4096,16384                 # the sizes the targets name
 
 For each size, benchmarks/synth.py writes a synthetic hung run directory
 (pp x dp x tp mesh, 1F1B, one rank skips a data-parallel all_reduce in the
-last step) into a temporary directory; then `python -m ncclscope analyze DIR
---json` runs in a fresh process and we measure its wall time and its peak
-resident memory (`os.wait4` rusage of that one child). The time includes the
-interpreter start and imports (about 1-2 s: the 8-rank row is mostly that).
-Events per size = ranks x --events-per-rank, capped at --max-events (so the
-largest sizes fit in memory and finish in minutes on a 2-core machine); the
-table says what each size got. The run directory is deleted after each size.
-The default run takes about 7 minutes on 2 cores and needs about 12 GB of
-free memory at 4,096 ranks (analyze's peak); use --sizes 8,64,256,1024 on a
-smaller machine.
+last step; groups.json in the runtime's per-rank format, so a 16,384-rank
+directory is a few GB, not 36) into a temporary directory; then a fresh
+process loads it (`ncclscope.ingest.load_any`, as `ncclscope analyze`) and
+runs the one analysis every face shows (`ncclscope.analysis.run`), and we
+measure its load time, analysis time, wall time and peak resident memory
+(`os.wait4` rusage of that one child; the child also reports its peak after
+loading). The wall time includes the interpreter start and imports (about
+1-2 s: the 8-rank row is mostly that). Events per size = ranks x
+--events-per-rank, capped at --max-events but never below
+--min-events-per-rank per rank (so 1,024 and 4,096 ranks get 10 M events,
+16,384 ranks 32 M). A child past --max-rss-mb is killed and the size is
+reported as over the limit. The run directory is deleted after each size.
 
-Printed: ranks | events | analyze s | peak MB | s per M events, then the
-growth exponents k between consecutive sizes (t ~ events^k, mem ~ events^k;
-1.0 is linear), and whether the verdict's first rank is the one synth.py
-made skip its all_reduce (a check, not a timing; exit status 1 only when a
-size could not be run).
+Printed: per size the generation time, then ranks | events | load s |
+analyze s | wall s | peak MB (after load, overall) | s per M events, the
+growth exponents k between consecutive sizes (t ~ x^k, mem ~ x^k; 1.0 is
+linear), and whether the verdict's first rank is the one synth.py made skip
+its all_reduce (a check, not a timing; exit status 1 only when a size could
+not be run).
 """
 from __future__ import annotations
 
@@ -42,55 +45,98 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 
-def measure(run: Path, out_json: Path, timeout_s: float) -> tuple[float, float, int]:
-    """(wall s, peak RSS MB, exit code) of `ncclscope analyze RUN --json` in a fresh process."""
+def child(run: str, out: str) -> int:
+    """In the measured process: load, analyze, write the JSON report plus the timings."""
+    import resource
+    t0 = time.perf_counter()
+    from ncclscope.cli import _json_report, run_analyses
+    from ncclscope.ingest import load_any
+    t1, c1 = time.perf_counter(), time.process_time()
+    trace = load_any(run)
+    t2, c2 = time.perf_counter(), time.process_time()
+    load_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    analysis = run_analyses(trace)
+    t3, c3 = time.perf_counter(), time.process_time()
+    report = _json_report(trace, analysis)
+    report["timing"] = {"import_s": t1 - t0, "load_s": t2 - t1, "analyze_s": t3 - t2,
+                        "load_cpu_s": c2 - c1, "analyze_cpu_s": c3 - c2, "load_peak_mb": load_peak}
+    Path(out).write_text(json.dumps(report, default=str))
+    return 0
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def measure(run: Path, out_json: Path, timeout_s: float, max_rss_mb: float) -> tuple[float, float, int]:
+    """(wall s, peak RSS MB, exit code) of the child (load + analyze) in a fresh process."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                PYTHONWARNINGS="ignore::FutureWarning")
-    with open(out_json, "w") as fh:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "ncclscope", "analyze", str(run), "--json"], stdout=fh,
-                                stderr=subprocess.PIPE, cwd=ROOT, env=env, start_new_session=True)
-        deadline = t0 + timeout_s
-        while True:
-            pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() > deadline:
-                os.killpg(proc.pid, 9)
-                pid, status, ru = os.wait4(proc.pid, 0)
-                proc.returncode = -9
-                raise TimeoutError(f"analyze did not finish in {timeout_s:.0f} s")
-            time.sleep(0.05)
-        wall = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", str(run), str(out_json)],
+                            stderr=subprocess.PIPE, cwd=ROOT, env=env, start_new_session=True)
+    deadline = t0 + timeout_s
+    while True:
+        pid, status, ru = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        over = _rss_mb(proc.pid) > max_rss_mb
+        if over or time.perf_counter() > deadline:
+            os.killpg(proc.pid, 9)
+            pid, status, ru = os.wait4(proc.pid, 0)
+            proc.returncode = -9
+            raise TimeoutError(f"over {max_rss_mb:.0f} MB of memory" if over
+                               else f"did not finish in {timeout_s:.0f} s")
+        time.sleep(0.05)
+    wall = time.perf_counter() - t0
     proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        print(err[-2000:], file=sys.stderr)
     return wall, ru.ru_maxrss / 1024, proc.returncode   # Linux: ru_maxrss in KiB
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--sizes", default="8,64,256,1024,4096", help="comma-separated rank counts")
+    ap.add_argument("--sizes", default="8,64,256,1024,4096,16384", help="comma-separated rank counts")
     ap.add_argument("--events-per-rank", type=int, default=10_000)
     ap.add_argument("--max-events", type=int, default=10_000_000, help="cap on the events of one size")
+    ap.add_argument("--min-events-per-rank", type=int, default=2_000, help="floor under the cap, per rank")
     ap.add_argument("--tmp", default=tempfile.gettempdir(), help="where the synthetic traces are written")
-    ap.add_argument("--timeout-s", type=float, default=900.0, help="per-size limit for analyze")
+    ap.add_argument("--timeout-s", type=float, default=900.0, help="per-size limit for load + analyze")
+    ap.add_argument("--max-rss-mb", type=float, default=8_000, help="kill the child past this resident memory")
+    ap.add_argument("--run-dir", default="", help="measure this already generated run (one size, kept)")
+    ap.add_argument("--child", nargs=2, metavar=("RUN", "OUT"), help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
+    if ns.child:
+        return child(*ns.child)
     import synth
 
     sizes = [int(s) for s in ns.sizes.split(",") if s.strip()]
-    print(f"ncclscope analyze --json on synthetic hung traces; {ns.events_per_rank:,} events per rank, "
-          f"at most {ns.max_events:,} per size; {os.cpu_count()} CPUs, OMP_NUM_THREADS="
-          f"{os.environ.get('OMP_NUM_THREADS', '(unset)')}", flush=True)
+    print(f"ncclscope load + analysis.run on synthetic hung traces; {ns.events_per_rank:,} events per rank, "
+          f"at most {ns.max_events:,} per size but at least {ns.min_events_per_rank:,} per rank; "
+          f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}", flush=True)
     rows = []
     for ranks in sizes:
-        events = min(ranks * ns.events_per_rank, ns.max_events)
+        events = min(ranks * ns.events_per_rank, max(ns.max_events, ranks * ns.min_events_per_rank))
         tmp = Path(tempfile.mkdtemp(prefix=f"ncclscope-scale-{ranks}-", dir=ns.tmp))
         try:
             t = time.perf_counter()
-            run = synth.generate(tmp / "run", ranks=ranks, events=events, hang=True, seed=0)
+            run = Path(ns.run_dir) if ns.run_dir else synth.generate(tmp / "run", ranks=ranks, events=events,
+                                                                      hang=True, seed=0)
             gen_s = time.perf_counter() - t
             truth = json.loads((run / "run.json").read_text()).get("synthetic", {})
-            rows_written = sum(_rows(p) for p in run.glob("rank-*/events.arrows"))
-            wall, mb, rc = measure(run, tmp / "analyze.json", ns.timeout_s)
+            rows_written = truth.get("events") or sum(_rows(p) for p in run.glob("rank-*/events.arrows"))
+            meta = sum(p.stat().st_size for p in (run / "rank-00001").iterdir() if not p.name.endswith(".arrows"))
+            size_gb = sum(p.stat().st_size for p in run.rglob("*") if p.is_file()) / 1e9
+            wall, mb, rc = measure(run, tmp / "analyze.json", ns.timeout_s, ns.max_rss_mb)
             report = json.loads((tmp / "analyze.json").read_text())
         except TimeoutError as exc:
             print(f"  {ranks} ranks: {exc}; stopping here", flush=True)
@@ -101,25 +147,31 @@ def main(argv: list[str] | None = None) -> int:
         m = re.search(r"rank (\d+)", report["verdict"])
         first = int(m.group(1)) if m else None
         named = "yes" if first == hang_rank else f"no: names {first}, skipper is {hang_rank}"
-        rows.append((ranks, rows_written, wall, mb, rc, named))
-        print(f"  {ranks} ranks: generated {rows_written:,} event rows in {gen_s:.1f} s; analyze {wall:.1f} s, "
-              f"{mb:.0f} MB peak, exit {rc}; verdict: {report['verdict'][:100]}", flush=True)
+        tm = report.get("timing", {})
+        rows.append((ranks, rows_written, tm.get("load_s", float("nan")), tm.get("analyze_s", float("nan")), wall,
+                     tm.get("load_peak_mb", float("nan")), mb, rc, named))
+        print(f"  {ranks} ranks: generated {rows_written:,} event rows in {gen_s:.1f} s ({size_gb:.2f} GB; "
+              f"rank 1's metadata {meta:,} bytes); load {tm.get('load_s', 0):.1f} s (cpu "
+              f"{tm.get('load_cpu_s', 0):.1f}), analyze {tm.get('analyze_s', 0):.1f} s (cpu "
+              f"{tm.get('analyze_cpu_s', 0):.1f}), wall {wall:.1f} s, {mb:.0f} MB peak, exit {rc}; "
+              f"verdict: {report['verdict'][:100]}", flush=True)
 
     print()
-    print("| ranks | events | analyze s | peak MB | s per M events | verdict's first rank is the skipper |")
-    print("|---:|---:|---:|---:|---:|---|")
-    for ranks, ev, wall, mb, rc, named in rows:
-        print(f"| {ranks:,} | {ev / 1e6:.2f} M | {wall:.1f} | {mb:,.0f} | {wall / (ev / 1e6):.2f} | "
-              f"{named} |")
+    print("| ranks | events | load s | analyze s | wall s | peak MB after load | peak MB | s per M events "
+          "| verdict's first rank is the skipper |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for ranks, ev, load_s, an_s, wall, lmb, mb, rc, named in rows:
+        print(f"| {ranks:,} | {ev / 1e6:.2f} M | {load_s:.1f} | {an_s:.1f} | {wall:.1f} | {lmb:,.0f} | {mb:,.0f} | "
+              f"{wall / (ev / 1e6):.2f} | {named} |")
     if len(rows) > 1:
         print()
         print("growth between consecutive sizes: k in t ~ x^k and mem ~ x^k, x = events or ranks "
               "(1.0 = linear; 'vs events' is left out where the cap kept events about equal):")
         for a, b in zip(rows, rows[1:]):
             lr, le = math.log(b[0] / a[0]), math.log(b[1] / a[1])
-            lt, lm = math.log(b[2] / a[2]), math.log(b[3] / a[3])
+            lt, lm = math.log(b[4] / a[4]), math.log(b[6] / a[6])
             vs_ev = f"vs events: time k = {lt / le:.2f}, memory k = {lm / le:.2f}; " if le > math.log(1.5) else ""
-            print(f"  {a[0]:>5,} -> {b[0]:>5,} ranks: {vs_ev}vs ranks: time k = {lt / lr:.2f}, "
+            print(f"  {a[0]:>6,} -> {b[0]:>6,} ranks: {vs_ev}vs ranks: time k = {lt / lr:.2f}, "
                   f"memory k = {lm / lr:.2f}")
     asked = set(sizes)
     done = {r[0] for r in rows}

@@ -7,6 +7,9 @@ that big do not fit on a laptop. This writes exactly what the runtime
 writes (rank-NNNNN/events.arrows, metrics.arrows, samples.arrows, rank.json, groups.json,
 run.json; groups named and ordered as runtime/mesh.py plans them; local
 clocks with per-rank offsets) so `ncclscope.trace.load` reads it unchanged.
+groups.json is the runtime's format 2 (runtime/mesh.py `group_file`): each
+rank's own groups and its plan's fingerprint; rank 0's also holds the whole
+plan. So a 16,384-rank directory's metadata is a few KB per rank, not 2 MB.
 
 What is in it: 1F1B pipeline steps (forward/backward per microbatch with
 stage and microbatch set, isend/irecv between neighbouring stages with
@@ -29,6 +32,7 @@ Vectorised: one small Python simulation of the pipeline template per step
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -149,8 +153,9 @@ def generate(out_dir: str | Path, ranks: int = 1024, events: int = 10_000_000, h
     names_idx = {n: i for i, n in enumerate(NAMES)}
     groups = _group_plan(tp, dp, pp)
     group_names = [g["name"] for g in groups]
-    groups_text = json.dumps(groups, separators=(",", ":"))
     gidx = {n: i for i, n in enumerate(group_names)}
+    encoded = [{**g, "ranks": _encode(g["ranks"])} for g in groups]
+    head = {"format": 2, "fingerprint": f"{_fingerprint(groups):016x}", "n_groups": len(groups)}
     n_written = 0
     for s in range(pp):
         t = tmpl[s]
@@ -218,7 +223,12 @@ def generate(out_dir: str | Path, ranks: int = 1024, events: int = 10_000_000, h
                 if not hang:
                     meta["end"] = {"status": "ok", "message": "", "time_ns": int(T0 + end_ns - offsets[r])}
                 (d_out / S.RANK_JSON).write_text(json.dumps(meta))
-                (d_out / S.GROUPS_JSON).write_text(groups_text)   # as runtime/recorder.py writes it
+                # as runtime/mesh.py group_file + recorder.write_meta write it: own groups, plan on rank 0
+                own = [encoded[0], encoded[gidx[f"tp{s * dp + d}"]], encoded[gidx[f"cp{r}"]],
+                       encoded[gidx[f"dp{s * tp + k}"]], encoded[gidx[f"pp{d * tp + k}"]]]
+                own.sort(key=lambda g: g["creation_order"])
+                gfile = {**head, "groups": own, **({"plan": encoded} if r == 0 else {})}
+                (d_out / S.GROUPS_JSON).write_text(json.dumps(gfile, separators=(",", ":")))
     _run_json(out, ranks, tp, pp, dp, m, steps, hang, hang_rank, h_dp, h_tp, h_pp, end_ns, n_written)
     return out
 
@@ -238,6 +248,21 @@ def _group_plan(tp: int, dp: int, pp: int) -> list[dict[str, Any]]:
             out.append({"name": f"{kind}{i}", "kind": kind, "ranks": members, "creation_order": len(out),
                         "backend": "nccl" if len(members) > 1 else ""})
     return out
+
+
+def _encode(members: list[int]) -> list[int] | dict[str, list[int]]:
+    """As runtime/mesh.py encode_members: an arithmetic progression of >= 3 ranks as {"range": [a, b, step]}."""
+    if len(members) >= 3:
+        step = members[1] - members[0]
+        if step > 0 and members == list(range(members[0], members[-1] + 1, step)):
+            return {"range": [members[0], members[-1] + step, step]}
+    return list(members)
+
+
+def _fingerprint(groups: list[dict[str, Any]]) -> int:
+    """As runtime/mesh.py fingerprint(plan): the plan is every group but world, as (name, kind, members)."""
+    plan = [(g["name"], g["kind"], g["ranks"]) for g in groups if g["name"] != "world"]
+    return int.from_bytes(hashlib.blake2b(json.dumps(plan).encode(), digest_size=8).digest(), "big") >> 1
 
 
 def _world_ops(dp: int, tp: int, first: int, last: int, hang: bool, rng: np.random.Generator) -> dict[str, int]:

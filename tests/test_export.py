@@ -248,7 +248,7 @@ def test_parquet_dataset_reads_directly(trace, tmp_path):
     assert pa.types.is_string(dataset.schema.field("op_name").type)            # plain strings, no dictionaries
     groups = pd.read_parquet(out / "groups")
     views = groups[groups["process_group"] == "dp0"]["ranks"].map(lambda r: [int(x) for x in r]).tolist()
-    assert views == [[0, 2]] * 4                              # every rank's view of dp0
+    assert views == [[0, 2]] * 2      # the members' views of dp0 (the groups table holds no ranks x groups rows)
     try:
         import duckdb  # noqa: F401
     except ImportError:
