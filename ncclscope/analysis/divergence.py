@@ -9,8 +9,12 @@ step where one does not is where to look; the rank that disagrees with the
 majority of its replicas is the one to blame.
 
 With two replicas there is no majority. Then the tie is broken by a
-signature of a skipped reduction: a rank whose "reduced" grad norm equals its
-own local grad norm, while its peers' differ, never applied the reduction.
+signature of a skipped reduction: the local and global grad norms of the
+first divergent step fit exactly one rank having kept its own gradient
+(`_skip_signature`: with pipeline or tensor partners the global norm mixes
+every stage, so the check solves for the reduced norms and keeps the rank for
+which they are possible); or a rank whose "reduced" grad norm equals its own
+local grad norm, while its peers' differ, never applied the reduction.
 Otherwise the replica with the highest dp index is named, and the finding
 says that the choice is a guess.
 
@@ -49,6 +53,7 @@ CHECKED = ("param_checksum", "grad_norm_global")
 NONFINITE_ORDER = ("grad_norm_local", "loss", "grad_norm_global", "param_checksum")
 REL_TOL = 1e-6
 ROOT_SHARE = 0.10   # own deviation, share of the largest in its replica, to be a cause
+DECISIVE = 5.0      # a position's checksum spread over every other's, to break a tie of the norms
 
 
 @dataclass
@@ -185,7 +190,10 @@ def _skip_signature(trace: Trace, m: pd.DataFrame, step: int, candidates: list[i
     positions' share) in [sum lo^2, sum hi^2]. A candidate whose replica's
     global norm did not move cannot have skipped. Exactly one feasible
     candidate is the answer; none or several say nothing. Only without cp and
-    ep (their reductions span other groups)."""
+    ep (their reductions span other groups). When several fit, the one at the
+    position whose parameter checksums moved apart most, by DECISIVE (5x) over
+    every other position, is kept (its partners moved only through the clip
+    coefficient)."""
     ranks = trace.ranks
     if not candidates or any(not ranks[r].coords for r in ranks if ranks[r].present):
         return None
@@ -225,6 +233,14 @@ def _skip_signature(trace: Trace, m: pd.DataFrame, step: int, candidates: list[i
         if lo[s_] ** 2 - tol <= r2 <= hi[s_] ** 2 + tol and \
                 sum(lo[t] ** 2 for t in positions if t != s_) - tol <= rest <= sum(hi[t] ** 2 for t in positions if t != s_) + tol:
             fits.append(r)
+    if len(fits) > 1 and "param_checksum" in m.columns:
+        # several fit the norms: the position whose own parameters moved most, if decisively (5x the others)
+        ck = m[m["step"] == step][["rank", "param_checksum"]].dropna()
+        ck = ck.assign(pos=[pos.get(int(r)) for r in ck["rank"]])
+        g = ck.groupby("pos")["param_checksum"]
+        rel = ((g.max() - g.min()) / g.median().abs().clip(lower=1e-12)).sort_values(ascending=False)
+        if len(rel) >= 2 and rel.iloc[0] > 0 and rel.iloc[0] >= DECISIVE * rel.iloc[1]:
+            fits = [r for r in fits if pos[r] == rel.index[0]]
     return fits[0] if len(fits) == 1 else None
 
 
@@ -234,8 +250,8 @@ def _causes(trace: Trace, dev: pd.DataFrame, first: int, skip: int | None = None
     everyone = sorted(int(r) for r in dev["rank"].unique())
     if skip is not None and skip in set(int(r) for r in at["rank"]):
         affected = [r for r in everyone if r != skip]
-        return [skip], affected, (f"through the global grad norm; the norms fit only rank {skip} keeping its own "
-                                  f"gradient" if affected else "")
+        return [skip], affected, (f"through the global grad norm; the norms and checksums single out rank {skip} "
+                                  f"keeping its own gradient" if affected else "")
     own = at[at["metric"] == "param_checksum"]
     if not len(own):
         # no parameter moved yet: the ranks at the first step, preferring a skipped reduction's signature

@@ -33,13 +33,19 @@ changes the exit code must stand out of the run's own noise on all of:
   collectives, are the trials: a rank descheduled once is late at every
   collective of that step, so collectives of one step are not independent
   (with two-member groups, three steps can never be significant: 1/8);
-- effect size: its compute over the counted steps (the first step is left
-  out when there are three or more: it carries warm-up) at least MIN_RATIO
-  (1.25x) its healthy peers' median, and at least MIN_Z (3) standard
-  deviations above it: z = log(ratio) / max(sigma, NOISE_FLOOR = 0.10), sigma
-  = the spread of log compute between the healthy peers (two or more): the
-  larger of 1.4826 * MAD and 1.2533 * mean absolute deviation from the
-  median (a handful of peers makes the MAD alone blind to one slow peer),
+- effect size: per counted step (the first step is left out when there are
+  three or more: it carries warm-up), a rank's log compute minus the median
+  of its healthy peers' (same pipeline position, the candidate excluded) in
+  that step; its effect is the median over the steps (a single step in which
+  a healthy peer was descheduled for seconds does not move it). The
+  candidate's effect (this, or its total compute over the steps against the
+  peers' totals, whichever stands out more: each is blind in a case the
+  other sees) must be at least log MIN_RATIO (1.25x) and at least
+  MIN_Z (3) standard deviations above the healthy peers' effects:
+  z = effect / max(sigma, NOISE_FLOOR = 0.10), sigma = the spread of the
+  healthy peers' effects (two or more): the larger of 1.4826 * MAD and
+  1.2533 * mean absolute deviation from the median (a handful of peers makes
+  the MAD alone blind to one slow peer),
   or, with a single peer, the standard error of the median of the per-step
   log ratio (step-to-step consistency);
 - what-if saving: at least MIN_SAVING_FRAC (5%) of run time and 1 ms per step.
@@ -310,20 +316,36 @@ def _significance(trace: Trace, r: int, led: pd.DataFrame, cstep: pd.DataFrame, 
                 piv = piv[piv[r].notna() & (piv[r] > 0)]
                 healthy = [q for q in piv.columns if q != r]
                 piv = piv[piv[healthy].notna().all(axis=1)] if healthy else piv
-                if healthy and len(piv):
-                    tot = piv.sum(axis=0)
-                    ref = float(np.median(tot[healthy]))
-                    if ref > 0:
-                        out["effect_ratio"] = float(tot[r] / ref)
-                        if len(healthy) >= 2:
-                            out["noise"] = spread_sigma(np.log(tot[healthy].to_numpy(dtype=np.float64)))
-                            out["noise_from"] = f"spread between {len(healthy)} healthy peers"
-                        elif len(piv) >= 3:
-                            lr = np.log(piv[r] / piv[healthy[0]]).to_numpy(dtype=np.float64)
+                if healthy and len(piv) and (piv[healthy] > 0).all().all():
+                    # per step, log compute against the healthy peers' median of that step; a rank's effect is
+                    # its median over the steps (one descheduled step of seconds does not move it)
+                    logs = np.log(piv.astype("float64"))
+                    tot = np.log(piv.sum(axis=0))
+                    if len(healthy) >= 2:
+                        # two estimates of the same effect, each blind in its own case; the larger z counts:
+                        # totals over the steps (a few noisy steps average out) and the median over steps of
+                        # the per-step log ratio (one step in which a peer was descheduled for seconds does
+                        # not move it); each healthy peer is measured the same way against the others
+                        def med_effect(q: int, ref: list[int]) -> float:
+                            return float((logs[q] - logs[ref].median(axis=1)).median())
+                        fits = []
+                        for eff, peers in (
+                                (float(tot[r] - np.median(tot[healthy])), tot[healthy].to_numpy(dtype=np.float64)),
+                                (med_effect(r, healthy),
+                                 np.asarray([med_effect(q, [h for h in healthy if h != q]) for q in healthy]))):
+                            sigma = spread_sigma(peers)
+                            fits.append((eff / max(sigma, NOISE_FLOOR), eff, sigma))
+                        z, effect, out["noise"] = max(fits)
+                        out["noise_from"] = f"spread between {len(healthy)} healthy peers"
+                    else:
+                        effect = float(tot[r] - tot[healthy[0]])
+                        if len(piv) >= 3:
+                            lr = (logs[r] - logs[healthy[0]]).to_numpy(dtype=np.float64)
                             out["noise"] = 1.2533 * robust_sigma(lr) / math.sqrt(len(lr))
                             out["noise_from"] = f"step-to-step spread over {len(lr)} steps"
-                        if np.isfinite(out["noise"]) and out["effect_ratio"] > 0:
-                            out["z"] = math.log(out["effect_ratio"]) / max(out["noise"], NOISE_FLOOR)
+                        z = effect / max(out["noise"], NOISE_FLOOR) if np.isfinite(out["noise"]) else float("nan")
+                    out["effect_ratio"] = float(math.exp(effect))
+                    out["z"] = z
     out["significant"] = bool(
         np.isfinite(out["p_last"]) and out["p_last"] <= ALPHA
         and out["steps_seen"] > 0 and out["steps_led"] >= MIN_STEP_FRAC * out["steps_seen"]
