@@ -44,6 +44,9 @@ DP = ["--dp", "4"]
 TPDP = ["--tp", "2", "--dp", "2"]
 PP1F1B = ["--pp", "2", "--dp", "2", "--schedule", "1f1b", "--microbatches", "2"]
 EP = ["--dp", "4", "--ep", "2"]
+CPDP = ["--cp", "2", "--dp", "2"]
+ZERO2 = ["--dp", "4", "--zero", "2"]
+PPIL = ["--pp", "2", "--vpp", "2", "--schedule", "interleaved", "--microbatches", "2", "--n-layer", "4"]
 
 
 # ---------------------------------------------------------------------------
@@ -274,7 +277,15 @@ DRILLS = [
     Drill("kill-dp", DP, ("kill:rank=1,step=2",), "dead_rank", (1,), "rank 1 (dp 1)"),
     Drill("wrong_group-tpdp", TPDP, ("wrong_group:rank=1,step=2,use=tp,group=dp",), "wrong_group", (1,),
           "rank 1 (dp 0, tp 1)"),
-    Drill("p2p_order-pp1f1b", PP1F1B, ("p2p_order:rank=0,step=1",), "deadlock", (0, 2), "ranks 0,2 (pp 0,1"),
+    # The rank that broke its schedule (recv before send), not both ranks of the recv/recv cycle.
+    Drill("p2p_order-pp1f1b", PP1F1B, ("p2p_order:rank=0,step=1",), "schedule_deviation", (0,),
+          "rank 0 (pp 0, dp 0)"),
+    Drill("p2p_order-ppil", PPIL, ("p2p_order:rank=0,step=1",), "schedule_deviation", (0,), "rank 0 (pp 0)"),
+    # A skip is a skip whatever it led to: a cycle with the next step's ring p2p (CP), gloo's SIGABRT on
+    # the paired-off collective (ZeRO-2), an allocation failure from garbage all_to_all counts (EP).
+    Drill("skip-cpdp", CPDP, ("skip:rank=1,step=2",), "hang", (1,), "rank 1 (dp 0, cp 1)"),
+    Drill("skip-zero2", ZERO2, ("skip:rank=1,step=2",), "hang", (1,), "rank 1 (dp 1)"),
+    Drill("skip-ep", EP, ("skip:rank=1,step=2",), "hang", (1,), "rank 1 (dp 1, ep 1)"),
     Drill("mismatch_size-dp", DP, ("mismatch:rank=3,step=2,what=size",), "collective_mismatch", (3,),
           "rank 3 (dp 3)"),
     # 2-member dp group: gloo SIGABRTs the partner, whose rows of the instance die with it
@@ -318,7 +329,7 @@ def test_drill_names_the_root_rank_and_kind(drill: tuple[Drill, Job]) -> None:
     assert job.errors()[0] is head or job.errors()[0]["title"] == head["title"], job.explain()
     prefix = {"hang": "HANG:", "stuck_in_compute": "STUCK IN COMPUTE:", "dead_rank": "DEAD RANK:",
               "deadlock": "DEADLOCK:", "wrong_group": "WRONG GROUP:", "collective_mismatch": "MISMATCH:",
-              "group_mismatch": "GROUP MISMATCH:"}[d.kind]
+              "group_mismatch": "GROUP MISMATCH:", "schedule_deviation": "SCHEDULE DEVIATION:"}[d.kind]
     assert job.verdict.startswith(f"{prefix} {d.coords}"), job.explain()
 
 
@@ -367,7 +378,7 @@ SOFT = [
     ("soft-pp1f1b", PP1F1B, ("slow:rank=3,factor=3", "desync_grad:rank=1,step=1")),
 ]
 HANG_KINDS = {"deadlock", "hang", "dead_rank", "stuck_in_compute", "collective_mismatch", "wrong_group",
-              "group_mismatch", "unmatched_p2p"}
+              "group_mismatch", "unmatched_p2p", "schedule_deviation"}
 
 
 @pytest.mark.parametrize("name,layout,inject", SOFT, ids=[s[0] for s in SOFT])
@@ -379,7 +390,8 @@ def test_soft_drills_complete_without_a_hang_finding(zygote: Zygote, name: str, 
     bad = [f for f in job.errors() if f["kind"] in HANG_KINDS]
     assert not bad, job.explain()
     assert not job.verdict.split(":")[0] in ("HANG", "DEADLOCK", "DEAD RANK", "STUCK IN COMPUTE", "MISMATCH",
-                                             "WRONG GROUP", "GROUP MISMATCH", "UNMATCHED P2P"), job.explain()
+                                             "WRONG GROUP", "GROUP MISMATCH", "UNMATCHED P2P",
+                                             "SCHEDULE DEVIATION"), job.explain()
     _assert_no_orphans(job)
 
 
@@ -415,7 +427,7 @@ def test_healthy_layout_has_no_error_and_no_hang_verdict(zygote: Zygote, name: s
     # *warning* (tiny runs on 2 shared cores do trip the bubble or
     # slow-collective thresholds): that is a measurement, not a false alarm.
     hang_prefixes = ("DEADLOCK", "HANG", "DEAD RANK", "STUCK IN COMPUTE", "WRONG GROUP", "MISMATCH",
-                     "GROUP MISMATCH", "UNMATCHED P2P")
+                     "GROUP MISMATCH", "UNMATCHED P2P", "SCHEDULE DEVIATION")
     assert not job.verdict.startswith(hang_prefixes), job.explain()
 
 

@@ -10,6 +10,8 @@ of ops. The wait-for graph asks this module which cycle member deviated first.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -128,3 +130,200 @@ def step_census_deviations(coll: pd.DataFrame, members: dict[str, list[int]],
     out["n_members"] = out["process_group"].map(lambda g: len(members.get(g, [])))
     return out[CENSUS_COLUMNS].sort_values(["step", "process_group", "rank"], kind="stable").reset_index(drop=True)
 
+
+
+# --------------------------------------------------------------------------
+# The first deviation before a death
+# --------------------------------------------------------------------------
+_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def stack_call_sites(text: str) -> list[str]:
+    """"path:line" of the main thread's frames in a faulthandler dump, innermost first."""
+    from .stacks import stack_excerpt
+    return [f"{m.group(1)}:{m.group(2)}" for m in _FRAME_RE.finditer(stack_excerpt(text, max_frames=64,
+                                                                                    max_chars=20000))]
+
+
+def _site_in_stack(sites: list[str], known: set[str]) -> str:
+    """The innermost stack frame that is one of the `known` call sites (suffix match on path:line)."""
+    for s in sites:
+        for k in known:
+            if k and (s == k or s.endswith("/" + k)):
+                return k
+    return ""
+
+
+def _step_order(coll: pd.DataFrame, rank: int, group: str, before_step: int) -> list[str]:
+    """The call sites `rank` issued on `group` in its last complete step before `before_step`, in order."""
+    mine = coll[(coll["rank"] == rank) & (coll["process_group"] == group) & (coll["step"] >= 0)
+                & (coll["step"] < before_step)]
+    if not len(mine):
+        return []
+    last = int(mine["step"].max())
+    return [str(s) for s in mine[mine["step"] == last].sort_values("start_ns")["call_site"]]
+
+
+MAX_DEAD_CHECKED = 16
+
+
+def deviations_before_death(ix, dead: list[int]) -> pd.DataFrame:
+    """Dead ranks whose record shows they left the others' order before dying: the first deviation.
+
+    For a dead rank r that never posted an unfinished instance (g, k) the others began (from call
+    site Y in step s):
+    - `stack`: r's stack dump shows it inside a collective call site X != Y that it issues on g after
+      Y in its own earlier steps: it skipped Y and its X paired with the others' Y;
+    - `span`: r's last compute span of step s ended (with an error) without the collective from Y
+      that every earlier span of that name on r issued, and it ran longer than r needed to reach Y
+      there: it went past Y without issuing it.
+    Columns: rank, process_group, seq, step, call_site (Y), op_name, ref_ranks, basis, went_site, note.
+    """
+    cols = ["rank", "process_group", "seq", "step", "call_site", "op_name", "ref_ranks", "basis", "went_site", "note"]
+    miss = ix.missing
+    if not len(miss) or not dead:
+        return pd.DataFrame(columns=cols)
+    coll, trace = ix.coll, ix.trace
+    dead = sorted(set(int(x) for x in dead))[:MAX_DEAD_CHECKED]     # a lost node: its first ranks say enough
+    rows = []
+    # A skip in a step every member finished, earlier than the death: the census sees it directly.
+    groups = sorted(g for g, ms in ix.members.items() if set(ms) & set(int(x) for x in dead))
+    cen = step_census_deviations(coll, ix.members, groups) if groups else pd.DataFrame(columns=CENSUS_COLUMNS)
+    cen = cen[cen["rank"].isin([int(x) for x in dead]) & (cen["direction"] == "skipped")]
+    for c in cen.drop_duplicates("rank").itertuples(index=False):
+        rows.append({"rank": int(c.rank), "process_group": str(c.process_group), "seq": int(c.ref_seq),
+                     "step": int(c.step), "call_site": str(c.call_site), "op_name": str(c.op_name),
+                     "ref_ranks": list(c.ref_ranks), "basis": "census", "went_site": "",
+                     "note": f"it issued {int(c.count)} where the others issued {int(c.expected)}"})
+    for r in sorted(set(int(x) for x in dead) - {row["rank"] for row in rows}):
+        mine = miss[miss["rank"] == r].sort_values("first_start_ns")
+        for m in mine.itertuples(index=False):
+            g, k = str(m.process_group), int(m.seq)
+            inst = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k)]
+            if not len(inst):
+                continue
+            site = str(inst["call_site"].mode().iloc[0])
+            op = str(inst["op_name"].mode().iloc[0])
+            step = int(inst["step"].mode().iloc[0])
+            refs = sorted(int(x) for x in inst["rank"])
+            if not site or step < 0:
+                continue
+            first_k = coll.loc[(coll["process_group"] == g) & (coll["step"] == step) & (coll["rank"] != r),
+                               "collective_seq_id"]
+            pos = k - int(first_k.min()) if len(first_k) else -1       # the others' position in the step
+            hit = _stack_rule(trace, coll, r, g, site, step, pos) or _span_rule(trace, ix, coll, r, site, step)
+            if hit:
+                basis, went, note = hit
+                rows.append({"rank": r, "process_group": g, "seq": k, "step": step, "call_site": site, "op_name": op,
+                             "ref_ranks": refs, "basis": basis, "went_site": went, "note": note})
+                break
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _stack_rule(trace, coll: pd.DataFrame, r: int, g: str, site: str, step: int, pos: int = -1):
+    text = (getattr(trace, "stacks", None) or {}).get(r, "")
+    if not text or not text.strip():
+        return None
+    # The step's order on g: the longest of the rank's own and a few peers' last steps before `step`
+    # (a SIGABRT loses the rank's last rows, so its own last step may be cut short).
+    others = coll.loc[(coll["process_group"] == g) & (coll["rank"] != r), "rank"].unique()
+    orders = [_step_order(coll, r, g, step)] + [_step_order(coll, int(q), g, step) for q in sorted(others)[:4]]
+    orders = [o for o in orders if site in o]
+    if not orders:
+        return None
+    order = max(orders, key=len)
+    x = _site_in_stack(stack_call_sites(text), set(order))
+    if not x or x == site:
+        return None
+    # X must come after Y in the step: it went past Y (a skip), not back to an earlier one.
+    py = pos if 0 <= pos < len(order) and order[pos] == site else order.index(site)
+    later = [i for i, o in enumerate(order) if o == x and i > py]
+    if not later:
+        return None
+    px = later[0]
+    op = coll[(coll["process_group"] == g) & (coll["call_site"] == x)]["op_name"]
+    name = str(op.iloc[-1]) if len(op) else "a collective"
+    ahead = px - py
+    exact = py == 0 or ahead == px
+    calls = "one call" if ahead == 1 else f"{ahead} calls"
+    note = f"its stack shows it in {name} from {x} instead, {calls} ahead in the step's order on {g}"
+    return ("stack" if exact else "stack-ahead"), x, note
+
+
+SPAN_MARGIN = 1.2     # the failing span ran this much longer than the rank needed to reach Y before
+
+
+def _span_rule(trace, ix, coll: pd.DataFrame, r: int, site: str, step: int):
+    ops = trace.ops
+    mine = ops[(ops["rank"].to_numpy() == r) & (ops["kind"].astype(str).to_numpy() == "compute")]
+    if not len(mine):
+        return None
+    comp = mine[(mine["kind"].astype(str) == "compute")]
+    fail = comp[(comp["step"] == step) & (comp["status"].astype(str) == "error") & (comp["end_ns"] >= 0)]
+    if not len(fail):
+        return None
+    f = fail.sort_values("start_ns").iloc[-1]
+    name, mb = str(f["op_name"]), int(f["microbatch"])
+    dur = int(f["end_ns"]) - int(f["start_ns"])
+    c = coll[(coll["rank"] == r) & (coll["step"] == step)]
+    if len(c[(c["start_ns"] >= int(f["start_ns"])) & (c["start_ns"] <= int(f["end_ns"]))]):
+        return None                                     # it issued collectives in the span: not this rule
+    earlier = comp[(comp["op_name"].astype(str) == name) & (comp["step"] >= 0) & (comp["step"] < step)
+                   & (comp["microbatch"] == mb) & (comp["end_ns"] >= 0) & (comp["status"].astype(str) == "ok")]
+    if len(earlier) < 1:
+        return None
+    mc = coll[(coll["rank"] == r) & (coll["call_site"] == site)]
+    offsets = []
+    for s in earlier.sort_values("start_ns").itertuples(index=False):
+        inside = mc[(mc["start_ns"] >= int(s.start_ns)) & (mc["start_ns"] <= int(s.end_ns))]
+        if not len(inside):
+            return None                                 # not every earlier span issued Y: no rule
+        offsets.append(int(inside["start_ns"].min()) - int(s.start_ns))
+    # How long the rank needed to reach Y: its steady state (the first step warms up), the median.
+    steady = offsets[1:] if len(offsets) > 1 else offsets
+    if dur <= SPAN_MARGIN * float(np.median(steady)):
+        return None
+    return ("span", "", f"its {name} span of step {step} ended ({str(f['status'])}) without the {site} collective "
+                        f"each of its {len(earlier)} earlier {name} spans issued")
+
+
+MAX_SEQUENCE_RANKS = 64
+
+
+def sequence_skips(ix, ranks: list[int]) -> pd.DataFrame:
+    """Ranks whose call sites on a group in their last (unfinished) step depart from their own previous
+    step by jumping ahead: where step s-1 went Y, X, the rank went X at the instance the others posted Y.
+
+    The rank skipped Y; its X paired with the others' Y (a size or dtype mismatch, garbage counts, a
+    hang one instance off). Same columns as `deviations_before_death` (basis "sequence")."""
+    cols = ["rank", "process_group", "seq", "step", "call_site", "op_name", "ref_ranks", "basis", "went_site", "note"]
+    coll = ix.coll
+    if not len(coll) or not ranks:
+        return pd.DataFrame(columns=cols)
+    want = sorted(set(int(r) for r in ranks))[:MAX_SEQUENCE_RANKS]
+    c = coll[coll["rank"].isin(want) & (coll["step"] >= 0) & (coll["call_site"] != "")]
+    rows = []
+    for (r, g), sub in c.groupby(["rank", "process_group"], sort=True):
+        r, g = int(r), str(g)
+        s = int(sub["step"].max())
+        now = sub[sub["step"] == s].sort_values("start_ns")
+        prev = sub[sub["step"] == s - 1].sort_values("start_ns")
+        ref = [str(x) for x in prev["call_site"]]
+        got = [str(x) for x in now["call_site"]]
+        if not ref or not got:
+            continue
+        i = next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), -1)
+        if i < 0 or got[i] not in ref[i + 1:]:
+            continue
+        y, x = ref[i], got[i]
+        op_row = now.iloc[i]
+        k = int(op_row["collective_seq_id"])
+        inst = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k) & (coll["rank"] != r)]
+        if not len(inst) or not (inst["call_site"] == y).all():
+            continue                        # the others were not at Y there: no evidence it paired off
+        yop = str(prev.iloc[i]["op_name"])
+        rows.append({"rank": r, "process_group": g, "seq": k, "step": s, "call_site": y, "op_name": yop,
+                     "ref_ranks": sorted(int(q) for q in inst["rank"]), "basis": "sequence", "went_site": x,
+                     "note": f"its #{k} was {op_row['op_name']} from {x}, which comes after {y} in its step {s - 1}"})
+    out = pd.DataFrame(rows, columns=cols)
+    return out.sort_values(["step", "seq"], kind="stable").drop_duplicates("rank").reset_index(drop=True)

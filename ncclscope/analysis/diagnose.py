@@ -16,7 +16,11 @@ People need one headline per root cause, so this module:
 2. promotes a more specific cause when one explains it (`wrong_group`, or a
    type/size/dtype `collective_mismatch` at the instance the waiters are
    blocked in or before it: that is the first rank to deviate, even when an
-   innocent neighbour crashed on the mismatch or everybody timed out);
+   innocent neighbour crashed on the mismatch or everybody timed out; a
+   `schedule_deviation` of a rank in a deadlock (schedule_check.py); a skip
+   that a death, a tie or a hang followed (`skips_before_death`)). The first
+   deviation is the root cause: the death or deadlock it led to stays listed
+   as supporting;
 3. files the collective / p2p / group findings about the same ranks or
    instance under it as supporting (`role == Role.SUPPORTING`,
    `supports` = the headline's title);
@@ -30,20 +34,26 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from ..findings import SEVERITIES, Explains, Finding, Role
+from ..findings import SEVERITIES, Evidence, Explains, Finding, InstanceRef, Role
 from .compose import OK_VERDICT, hang_verdict
+from .census import deviations_before_death, sequence_skips
+from .instances import DEVIATION_COLUMNS, find_history_deviations
 from .collectives import analyze_collectives
 from .groups import analyze_groups
-from .index import index_of
+from .index import TraceIndex, index_of
+from .labels import rank_label
 from .p2p import analyze_p2p
+from .schedule_check import analyze_schedule
 from .stacks import stack_for
+from .stopped import fr_roots
 from .waitfor import analyze_waits
 
 if TYPE_CHECKING:
     from ..trace import Trace
 
 ROOT_KINDS = ("deadlock", "hang", "dead_rank", "stuck_in_compute")
-PROMOTABLE = ("wrong_group", "collective_mismatch")
+PROMOTABLE = ("wrong_group", "collective_mismatch", "schedule_deviation", "hang")
+SCHEDULE_EXPLAINS = ("deadlock", "hang", "dead_rank")
 _ROLE_ORDER = {"headline": 0, "independent": 1, "supporting": 2}
 MAX_EVIDENCE = 60
 
@@ -77,7 +87,9 @@ def diagnose(trace: Trace, max_per_group: int = 5) -> Diagnosis:
     wr = analyze_waits(ix)
     roots = [f for f in wr.findings if f.severity == "error"]
     context = [f for f in wr.findings if f.severity != "error"]
-    findings = combine(trace, roots, cr.findings + pr.findings + gr.findings + context)
+    sched = analyze_schedule(ix)
+    before = skips_before_death(ix, roots) + mismatches_before_death(ix, roots)
+    findings = combine(trace, *fr_roots(ix, roots, cr.findings + sched + before + pr.findings + gr.findings + context))
     tables = {"wait_edges": wr.edges, "blocking_ops": wr.blocking, "rank_states": wr.ranks,
               "collective_instances": cr.instances, "collective_deviations": cr.deviations,
               "missing_participants": cr.missing, "p2p_pairs": pr.pairs, "p2p_unmatched": pr.unmatched,
@@ -98,10 +110,107 @@ def _involved(f: Finding) -> set[int]:
     return f.involved_ranks
 
 
+def skips_before_death(ix: TraceIndex, roots: list[Finding]) -> list[Finding]:
+    """The first deviation behind the wait-for roots, when it is a skip:
+
+    - a rank in a root whose call sites in its last step jump ahead of its own previous step's order at
+      an instance the others posted from the skipped site (census.sequence_skips), whatever the root;
+    - for each dead rank the graph ends at, the skip it made before dying, if its record (census, stack
+      dump, last compute span) shows one (census.deviations_before_death).
+    The death (gloo's SIGABRT on the paired-off collective, an allocation failure from garbage counts),
+    the tie or the hang is its consequence; `combine` promotes the skip over it."""
+    dead = sorted({int(r) for f in roots if f.kind == "dead_rank" for r in f.ranks})
+    involved = sorted({int(r) for f in roots for r in f.involved_ranks})
+    if not involved:
+        return []
+    seq = sequence_skips(ix, involved)
+    dev = deviations_before_death(ix, [r for r in dead if r not in set(seq["rank"])]) if dead else seq.iloc[0:0]
+    dev = pd.concat([seq, dev], ignore_index=True) if len(dev) else seq
+    out = []
+    trace = ix.trace
+    for d in dev.itertuples(index=False):
+        g, k, site = str(d.process_group), int(d.seq), str(d.call_site)
+        refs = [int(x) for x in d.ref_ranks]
+        who = rank_label(trace, [int(d.rank)])
+        if d.basis == "stack-ahead":      # it ran ahead, but which earlier call it left out is not recorded
+            title = (f"{who} skipped a collective on {ix.label(g)} at step {int(d.step)}: at #{k}, where "
+                     f"{rank_label(trace, refs)} called {d.op_name} ({site}), {d.note}")
+        else:
+            title = (f"{who} skipped {d.op_name} on {ix.label(g)} at step {int(d.step)} "
+                     f"({site}" + (f", #{k} for {rank_label(trace, refs)})" if k >= 0 and refs else ")")
+                     + f": {d.note}")
+        if d.went_site:
+            title += f"; it paired with the others' {d.op_name}" + (f" #{k}" if k >= 0 else "")
+        ev = [Evidence(rank=int(d.rank), note=f"skipped {d.op_name} from {site} at step {int(d.step)} ({d.basis}): "
+                                              f"{d.note}", op_name=str(d.op_name), process_group=g, seq=k)]
+        coll = ix.coll
+        began = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k)].head(8)
+        ev += [Evidence(rank=int(r.rank), note=f"posted #{k} from {r.call_site}: {r.status}", op_name=str(r.op_name),
+                        process_group=g, seq=k, op_id=int(r.op_id), time_ns=int(r.start_ns))
+               for r in began.itertuples(index=False)]
+        out.append(Finding(kind="hang", severity="error", title=title, ranks=[int(d.rank)], evidence=ev,
+                           instance=InstanceRef(g, k) if k >= 0 else None,
+                           involved=sorted({int(d.rank)} | set(refs)),
+                           data={"before_death": True, "basis": str(d.basis), "call_site": site,
+                                 "step": int(d.step), "skipped": [g, k], "went_site": str(d.went_site)}))
+    return out
+
+
+def mismatches_before_death(ix: TraceIndex, roots: list[Finding]) -> list[Finding]:
+    """A dead rank's partner whose lone record of an instance differs from its own history there.
+
+    gloo SIGABRTs the partner of a size mismatch and its rows die with it: the instance is left with one
+    record, which may even have completed. The survivor whose call differs from every earlier call it made
+    from that site (instances.find_history_deviations) deviated first; the death is the consequence."""
+    dead = sorted({int(r) for f in roots if f.kind == "dead_rank" for r in f.ranks})
+    if not dead:
+        return []
+    inst, coll, trace = ix.instances, ix.coll, ix.trace
+    groups = [g for g, ms in ix.members.items() if len(ms) > 1 and set(ms) & set(dead)]
+    lone = inst[(inst["n_began"] == 1) & inst["process_group"].isin(groups)]
+    if not len(lone):
+        return []
+    lone = lone.assign(n_notok=lone["n_notok"].clip(lower=1))      # a candidate whatever its status
+    dev = find_history_deviations(coll, lone, pd.DataFrame(columns=DEVIATION_COLUMNS), ix.kinds)
+    dev = dev[~dev["rank"].isin(dead)] if len(dev) else dev
+    out = []
+    for (g, k), sub in (dev.groupby(["process_group", "seq"], sort=True) if len(dev) else []):
+        g, k = str(g), int(k)
+        ranks = sorted(int(r) for r in sub["rank"].unique())
+        absent = sorted(set(ix.members.get(g, [])) - set(ranks))
+        parts = [f"{'passed sizes' if c == 'size' else 'used dtype' if c == 'dtype' else 'called'} {v} where "
+                 f"{note or 'its own other calls there'} {'passed' if c == 'size' else 'used' if c == 'dtype' else 'called'}"
+                 f" {m}" for c, v, m, note in zip(sub["category"], sub["value"], sub["majority"], sub["ref_note"])]
+        op = str(sub["op_name"].iloc[0])
+        title = (f"{rank_label(trace, ranks)} deviates in {op} #{k} on {ix.label(g)}: " + "; ".join(parts)
+                 + f"; {rank_label(trace, absent)} left no record of #{k}")
+        ev = [Evidence(rank=int(r.rank), note=f"deviant: {r.category} {r.value} vs {r.majority}; {r.status}",
+                       op_name=str(r.op_name), process_group=g, seq=k, op_id=int(r.op_id), time_ns=int(r.start_ns))
+              for r in sub.itertuples(index=False)]
+        out.append(Finding(kind="collective_mismatch", severity="error", title=title, ranks=ranks, evidence=ev,
+                           instance=InstanceRef(g, k),
+                           data={"process_group": g, "seq": k, "categories": sorted(set(sub["category"])),
+                                 "deviant_ranks": ranks, "absent_ranks": absent, "basis": "history",
+                                 "before_death": True, "later_instances": 0, "unfinished": False,
+                                 "ambiguous": False}))
+    return out
+
+
 def explains(cause: Finding, root: Finding) -> bool:
-    """Does a wrong_group / type-size-dtype mismatch account for this wait-for root?"""
+    """Does a wrong_group / type-size-dtype mismatch / schedule deviation / skip before a death account
+    for this wait-for root?"""
     if cause.kind not in PROMOTABLE or cause.severity != "error" or cause.data.get("summary"):
         return False
+    if cause.kind == "schedule_deviation":
+        return root.kind in SCHEDULE_EXPLAINS and bool(set(cause.ranks) & root.involved_ranks)
+    if cause.kind == "collective_mismatch" and cause.data.get("before_death"):
+        return root.kind == "dead_rank" and bool(set(root.ranks) & set(cause.data.get("absent_ranks", [])))
+    if cause.kind == "hang":
+        if not cause.data.get("before_death"):
+            return False
+        if cause.data.get("basis") == "sequence":       # the skip is in the rank's own record: any root it is in
+            return bool(set(cause.ranks) & root.involved_ranks)
+        return root.kind == "dead_rank" and bool(set(cause.ranks) & set(root.ranks))
     inst = _instance(cause)
     if inst is None:
         return False
@@ -133,10 +242,24 @@ def supports(f: Finding, head: Finding, root: Finding | None) -> bool:
     return False
 
 
+def _cause_order(c: Finding) -> tuple:
+    """Most specific cause first; a tied (ambiguous) vote comes after a skip that names the rank."""
+    rank = PROMOTABLE.index(c.kind)
+    if c.kind == "collective_mismatch" and c.data.get("ambiguous"):
+        rank = len(PROMOTABLE)
+    return (rank, min(e.time_ns for e in c.evidence))
+
+
+def _consequence(cause: Finding) -> bool:
+    """Causes whose root stays listed as their consequence (supporting): a schedule deviation's deadlock,
+    a skip's death."""
+    return cause.kind == "schedule_deviation" or bool(cause.data.get("before_death"))
+
+
 def _promote(trace: Trace, cause: Finding, root: Finding) -> Finding:
     title = cause.title
     summary = root.wait.text if root.wait is not None else ""
-    if root.kind == "dead_rank" and not set(root.ranks) <= set(cause.ranks):
+    if root.kind == "dead_rank" and (not set(root.ranks) <= set(cause.ranks) or _consequence(cause)):
         title += f"; then {root.title}"
     elif summary and "waiting" not in title and "blocked" not in title:
         title += f"; {summary}"
@@ -175,14 +298,13 @@ def combine(trace: Trace, roots: list[Finding], others: list[Finding]) -> list[F
         if earlier is not None:          # the same deviation explains this root too
             out.append(_with_role(root, Role.SUPPORTING, earlier.title))
             continue
-        causes = sorted((c for c in pending if explains(c, root)),
-                        key=lambda c: (PROMOTABLE.index(c.kind), min(e.time_ns for e in c.evidence)))
+        causes = sorted((c for c in pending if explains(c, root)), key=_cause_order)
         if causes:
             pending.remove(causes[0])
             head = _as_headline(trace, _promote(trace, causes[0], root))
             promoted.append((causes[0], head))
             out.append(head)
-            if root.kind == "dead_rank" and not set(root.ranks) <= set(causes[0].ranks):
+            if (root.kind == "dead_rank" and not set(root.ranks) <= set(causes[0].ranks)) or _consequence(causes[0]):
                 out.append(_with_role(root, Role.SUPPORTING, head.title))
         else:
             head = _as_headline(trace, root)

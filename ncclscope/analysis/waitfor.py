@@ -159,13 +159,23 @@ def _cycle_finding(ctx: WaitContext, comp: list[int], cycle: list[int], waiters:
 
 def _skip_suspects(ctx: WaitContext, inside: pd.DataFrame) -> pd.DataFrame | None:
     """Cycle edges into a rank that skipped an instance a strict majority entered, and went on elsewhere."""
-    e = inside[(inside["via"] == S.KIND_COLLECTIVE) & (inside["reason"] == "not begun")
-               & (2 * inside["n_began"] > inside["n_members"])]
-    if not len(e):
+    e0 = inside[(inside["via"] == S.KIND_COLLECTIVE) & (inside["reason"] == "not begun")]
+    e = e0[2 * e0["n_began"] > e0["n_members"]]
+    if not len(e0):
         return None
-    bc = ctx.blocking[ctx.blocking["kind"] == S.KIND_COLLECTIVE][["rank", "process_group"]]
+    b = ctx.blocking
+    bc = b[b["kind"] == S.KIND_COLLECTIVE][["rank", "process_group"]]
     elsewhere = e.merge(bc.rename(columns={"rank": "target", "process_group": "target_group"}), on="target")
-    elsewhere = elsewhere[elsewhere["target_group"] != elsewhere["process_group"]]
+    elsewhere = elsewhere[elsewhere["target_group"] != elsewhere["process_group"]].drop(columns="target_group")
+    # Or the target went on to a later training step (blocked in a p2p op of the next step, say, under
+    # context parallelism): it skipped the instance, whatever it is blocked in now.
+    wstep = b[["rank", "op_id", "step"]].rename(columns={"rank": "waiter", "step": "waiter_step"})
+    tstep = b[b["step"] >= 0].groupby("rank")["step"].min().rename("target_step")
+    # (No majority needed here: in a 2-member group 1 of 2 began it, and the target's later step says who left.)
+    later = e0.merge(wstep, on=["waiter", "op_id"]).merge(tstep, left_on="target", right_index=True)
+    later = later[(later["waiter_step"] >= 0) & (later["target_step"] > later["waiter_step"])]
+    elsewhere = pd.concat([elsewhere, later[list(e0.columns)]], ignore_index=True).drop_duplicates(
+        ["waiter", "target", "process_group", "seq"])
     if not len(elsewhere):
         return None
     first = elsewhere.sort_values("start_ns").iloc[0]
