@@ -39,6 +39,7 @@ SCENARIOS = ("healthy", "skip", "wrong_group", "size", "dtype", "type", "dead", 
 STEPS = 4
 BAD_STEP = 2
 OP_TIMEOUT_S = 3.0
+WARM_TIMEOUT_S = 60.0   # steps before BAD_STEP: a loaded machine connects a new group's pairs slowly
 # the kind of headline each scenario must produce (what the analyzer should say)
 EXPECTED_KIND = {"skip": "hang", "wrong_group": "wrong_group", "size": "collective_mismatch",
                  "dtype": "collective_mismatch", "type": "collective_mismatch", "dead": "dead_rank",
@@ -70,13 +71,13 @@ def _dump(out: Path, rank: int, pg_config: dict | None = None) -> None:
     os.replace(tmp, out / f"nccl_trace_rank_{rank}")
 
 
-def _wait(work, out: Path, rank: int, pg_config: dict | None = None) -> bool:
+def _wait(work, out: Path, rank: int, pg_config: dict | None = None, timeout_s: float = OP_TIMEOUT_S) -> bool:
     """Dump with the op in flight (what a watchdog's dump on timeout holds), then wait for it
     with a timeout; False when it timed out or failed. Re-dumping after every issue keeps a
     dump even when gloo aborts the process inside the op."""
     _dump(out, rank, pg_config)
     try:
-        work.wait(timeout=datetime.timedelta(seconds=OP_TIMEOUT_S))
+        work.wait(timeout=datetime.timedelta(seconds=timeout_s))
         return True
     except RuntimeError:
         return False
@@ -125,6 +126,7 @@ def _rank(scenario: str, rank: int, world: int, culprit: int, port: int, out: st
     ok = True
     for step in range(STEPS):
         bad = rank == culprit and step == BAD_STEP
+        tmo = OP_TIMEOUT_S if step >= BAD_STEP else WARM_TIMEOUT_S   # the watchdog's deadline matters from there
         if bad and scenario == "dead":     # a killed process leaves no dump
             (outp / f"nccl_trace_rank_{rank}").unlink(missing_ok=True)
             os._exit(1)
@@ -132,7 +134,7 @@ def _rank(scenario: str, rank: int, world: int, culprit: int, port: int, out: st
             time.sleep(OP_TIMEOUT_S + 4)
             _dump(outp, rank)
             os._exit(0)
-        ok = _wait(_tp_sync(x, dp if bad and scenario == "wrong_group" else tp), outp, rank)
+        ok = _wait(_tp_sync(x, dp if bad and scenario == "wrong_group" else tp), outp, rank, timeout_s=tmo)
         if not ok:
             break
         if bad and scenario == "skip":
@@ -143,9 +145,10 @@ def _rank(scenario: str, rank: int, world: int, culprit: int, port: int, out: st
         elif bad and scenario == "dtype":
             g = torch.ones(16, dtype=torch.float64)
         if bad and scenario == "type":
-            ok = _wait(dist.broadcast(g, src=dist.get_global_rank(dp, 0), group=dp, async_op=True), outp, rank)
+            ok = _wait(dist.broadcast(g, src=dist.get_global_rank(dp, 0), group=dp, async_op=True), outp, rank,
+                       timeout_s=tmo)
         else:
-            ok = _wait(_grad_sync(g, dp), outp, rank)
+            ok = _wait(_grad_sync(g, dp), outp, rank, timeout_s=tmo)
         if not ok:
             break
     _dump(outp, rank)

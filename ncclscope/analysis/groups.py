@@ -30,6 +30,7 @@ import pandas as pd
 from ..findings import Evidence, Finding, InstanceRef, WaitSummary
 from .index import IndexLike, TraceIndex, as_index
 from .labels import group_label, kind_of, majority_vote, rank_label, seconds
+from .membership import INFERRED_PREFIX
 
 if TYPE_CHECKING:
     from ..trace import Trace
@@ -49,7 +50,9 @@ def analyze_groups(source: IndexLike) -> GroupReport:
     ix = as_index(source)
     view_findings, table = check_group_views(ix)
     findings = view_findings + check_orthogonality(ix)
-    findings += find_wrong_group(ix)
+    wrong = find_wrong_group(ix)
+    named = {int(r) for f in wrong for r in f.ranks}
+    findings += wrong + [f for f in find_wrong_group_by_site(ix) if not set(f.ranks) & named]
     return GroupReport(findings=findings, view_deviations=table)
 
 
@@ -123,7 +126,7 @@ def check_orthogonality(source: IndexLike) -> list[Finding]:
     trace, members, kinds = ix.trace, ix.recorded_members, ix.kinds
     rows = [(str(kinds.get(n, "custom")), n, int(r)) for n, rs in members.items() for r in rs]
     long = pd.DataFrame(rows, columns=["kind", "process_group", "rank"])
-    long = long[~long["kind"].isin(NOT_ORTHOGONAL_KINDS)]
+    long = long[~long["kind"].isin(NOT_ORTHOGONAL_KINDS) & ~long["kind"].str.startswith(INFERRED_PREFIX)]
     findings: list[Finding] = []
     world = set(range(trace.world_size))
     count = long.groupby(["kind", "rank"])["process_group"].nunique()
@@ -238,6 +241,99 @@ def find_wrong_group(source: IndexLike, max_findings: int = 16) -> list[Finding]
     return findings
 
 
+SITE_MIN_USES = 3            # calls from a site before its group kind counts as established
+SITE_MAJORITY = 0.75         # share of a site's calls on its kind (a helper used for every kind has none)
+
+
+def find_wrong_group_by_site(source: IndexLike, max_findings: int = 16) -> list[Finding]:
+    """`wrong_group` from call sites: a rank's op on group h at a call site whose calls go to
+    groups of another kind everywhere else, in an instance of h its peers entered from a call
+    site of h's own kind.
+
+    On gloo nothing hangs at the wrong call itself: h's peers pair it with their own (say the
+    gradient all-reduce, same size) and the job deadlocks a few ops later on crossed sequence
+    numbers. The dumps still hold the crossing: instance (h, j) holds calls from two sites, and
+    one rank's site is the one every rank otherwise uses on the groups of kind K (say tp). That
+    rank should have called it on its own group of kind K, g; the instance of g it never
+    entered is the one its partners wait in.
+    """
+    ix = as_index(source)
+    coll, kinds, members = ix.coll, ix.kinds, ix.members
+    if not len(coll):
+        return []
+    c = coll[(coll["call_site"] != "").to_numpy()]
+    if not len(c):
+        return []
+    c = c.assign(kind=c["process_group"].map(lambda n: kind_of(str(n), kinds)))
+    c = c[~c["kind"].isin(["world", "custom"]).to_numpy()]
+    use = c.groupby(["call_site", "kind"], sort=False).size().rename("n").reset_index()
+    tot = use.groupby("call_site")["n"].transform("sum")
+    top = use[(use["n"] >= SITE_MIN_USES) & (use["n"] >= SITE_MAJORITY * tot)]
+    site_kind = dict(zip(top["call_site"], top["kind"]))
+    if len(site_kind) < 2:
+        return []
+    c = c.assign(site_kind=c["call_site"].map(site_kind))
+    odd = c[c["site_kind"].notna() & (c["site_kind"] != c["kind"])]
+    findings: list[Finding] = []
+    for r in odd.sort_values("start_ns").itertuples(index=False):
+        peers = c[(c["process_group"] == r.process_group) & (c["collective_seq_id"] == r.collective_seq_id)
+                  & (c["rank"] != r.rank)]
+        if not len(peers) or not (peers["site_kind"] == r.kind).all():
+            continue                 # the peers did not use h's own call site there: no crossing
+        own = [n for n, k in kinds.items() if k == r.site_kind and int(r.rank) in members.get(n, [])]
+        if len(own) != 1:
+            continue
+        g = own[0]
+        ms = ix.max_seq
+        mine = ms[(ms["process_group"] == g) & (ms["rank"] == r.rank)]["max_seq"]
+        k = int(mine.iloc[0]) + 1 if len(mine) else 1
+        findings.append(_site_finding(ix, r, g, k, peers))
+        if len(findings) >= max_findings:
+            break
+    return findings
+
+
+def _site_finding(ix: TraceIndex, r, g: str, k: int, peers: pd.DataFrame) -> Finding:
+    trace, coll = ix.trace, ix.coll
+    h, b, site = str(r.process_group), int(r.rank), str(r.call_site)
+    waiting = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k) & (coll["rank"] != b)
+                   & (coll["status"].astype(str) != "ok")].sort_values("rank")
+    peer_sites = ", ".join(sorted(set(peers["call_site"].astype(str))))
+    title = (f"{rank_label(trace, [b])} called {r.op_name} on {ix.label(h)} instead of {ix.label(g)} at {site} "
+             f"(#{int(r.collective_seq_id)} on {h}, which its peers entered from {peer_sites}; every other "
+             f"call from {site} is on a group like {g})")
+    since = _since(ix, waiting["start_ns"])
+    if len(waiting):
+        title += (f"; {rank_label(trace, waiting['rank'])} waiting in {waiting['op_name'].iloc[0]} #{k} on {g}"
+                  + (f" since {seconds(since)}" if since is not None else ""))
+    ev = [Evidence(rank=b, note=f"called it from {site} on {h} (#{int(r.collective_seq_id)}); that call site "
+                                f"goes to groups like {g} everywhere else", op_name=str(r.op_name),
+                   process_group=h, seq=int(r.collective_seq_id), op_id=int(r.op_id), time_ns=int(r.start_ns))]
+    ev += [Evidence(rank=int(p.rank), note=f"entered {h} #{int(p.collective_seq_id)} from {p.call_site}",
+                    op_name=str(p.op_name), process_group=h, seq=int(p.collective_seq_id), op_id=int(p.op_id),
+                    time_ns=int(p.start_ns)) for p in peers.head(8).itertuples(index=False)]
+    ev += [Evidence(rank=int(w.rank), note=f"in {g} #{k}: {w.status}, waiting for rank {b}", op_name=str(w.op_name),
+                    process_group=g, seq=k, op_id=int(w.op_id), time_ns=int(w.start_ns))
+           for w in waiting.head(8).itertuples(index=False)]
+    wait_s = round(since / 1e9, 3) if since is not None else None
+    return Finding(kind="wrong_group", severity="error", title=title, ranks=[b], evidence=ev,
+                   instance=InstanceRef(g, k),
+                   wait=WaitSummary(waiting_ranks=tuple(int(x) for x in waiting["rank"]), wait_s=wait_s),
+                   data={"process_group": g, "seq": k, "wrong_group": h, "call_site": site,
+                         "step": int(r.step), "basis": "call_site"})
+
+
+def _since(ix: TraceIndex, starts: pd.Series) -> int | None:
+    """ns from the earliest of `starts` to the end of the trace; None when there is no usable time
+    (no start, or an end that is not after it: a dump with no timestamps)."""
+    if not len(starts):
+        return None
+    t0 = int(starts.min())
+    if t0 <= 0 or ix.end_ns <= t0:
+        return None
+    return ix.end_ns - t0
+
+
 def _site_kinds(coll: pd.DataFrame, c: pd.DataFrame, kind) -> dict[str, str]:
     """Call site -> the group kind most of its calls use (candidates' own calls excluded)."""
     sites = c["ref_call_site"].unique()
@@ -256,7 +352,7 @@ def _site_kinds(coll: pd.DataFrame, c: pd.DataFrame, kind) -> dict[str, str]:
 
 
 def _wrong_group_finding(ix: TraceIndex, g: str, k: int, sub: pd.DataFrame, inst: pd.DataFrame) -> Finding:
-    trace, end_ns = ix.trace, ix.end_ns
+    trace = ix.trace
     deviants = sorted(int(r) for r in sub["rank"])
     row = sub.iloc[0]
     h = str(row["wrong_group"])
@@ -267,19 +363,22 @@ def _wrong_group_finding(ix: TraceIndex, g: str, k: int, sub: pd.DataFrame, inst
     title = (f"{rank_label(trace, deviants)} called {row['op_name']} on {ix.label(h)} "
              f"instead of {ix.label(g)} (#{k}) at {site}"
              + (f" (step {step})" if step >= 0 else ""))
+    since = _since(ix, waiting["start_ns"])
     if len(waiting):
-        title += (f"; {rank_label(trace, waiting['rank'])} waiting in {row['op_name']} #{k} on {g} "
-                  f"since {seconds(end_ns - int(waiting['start_ns'].min()))}")
+        title += (f"; {rank_label(trace, waiting['rank'])} waiting in {row['op_name']} #{k} on {g}"
+                  + (f" since {seconds(since)}" if since is not None else ""))
     ev = [Evidence(rank=int(r.rank), note=f"called it on {h} (#{int(r.wrong_seq)}) instead of {g}; "
                                            f"status {r.status}", op_name=str(r.op_name), process_group=h,
                    seq=int(r.wrong_seq), op_id=int(r.op_id), time_ns=int(r.start_ns))
           for r in sub.itertuples(index=False)]
     ev += [Evidence(rank=int(r.rank), note=f"in {g} #{k}: {r.status}"
-                    + (f", waiting since {seconds(end_ns - int(r.start_ns))}" if str(r.status) != "ok" else ""),
+                    + (f", waiting since {seconds(_since(ix, pd.Series([r.start_ns])))}"
+                       if str(r.status) != "ok" and _since(ix, pd.Series([r.start_ns])) is not None else ""),
                     op_name=str(r.op_name), process_group=g, seq=k, op_id=int(r.op_id), time_ns=int(r.start_ns))
            for r in began.head(16).itertuples(index=False)]
     return Finding(kind="wrong_group", severity="error", title=title, ranks=deviants, evidence=ev,
-                   instance=InstanceRef(g, k), wait=WaitSummary(waiting_ranks=tuple(int(r) for r in waiting["rank"])),
+                   instance=InstanceRef(g, k), wait=WaitSummary(waiting_ranks=tuple(int(r) for r in waiting["rank"]),
+                                                                wait_s=round(since / 1e9, 3) if since is not None else None),
                    data={"process_group": g, "seq": k, "wrong_group": h, "call_site": str(row["ref_call_site"]),
                          "step": step})
 

@@ -77,7 +77,39 @@ def recorded_groups(trace: "Trace") -> dict[str, GroupInfo]:
     if views is None:
         views = GroupViews()
         views.add_rows(trace.groups.to_dict("records") if len(trace.groups) else [])
-    return groups_from_views(views)
+    return infer_kinds(groups_from_views(views))
+
+
+INFERRED_PREFIX = "custom:"     # an inferred kind; groups.py checks no orthogonality on a guess
+
+
+def infer_kinds(groups: dict[str, GroupInfo]) -> dict[str, GroupInfo]:
+    """Kinds for groups nobody named (Flight Recorder calls them "1", "2", ... with desc "undefined").
+
+    Structure says which belong together: the groups of one mesh dimension have
+    the same size and the same spacing between members (tp {0,1},{2,3}: stride 1;
+    dp {0,2},{1,3}: stride 2) and are disjoint. Each such family of two or more
+    "custom" groups gets one kind, "custom:<size>x<spacing>"; the rest stay "custom".
+    """
+    fam: dict[tuple, list[str]] = {}
+    for name, g in groups.items():
+        if g.kind != "custom" or g.size < 2:
+            continue
+        m = g.members
+        fam.setdefault((g.size, tuple(int(b - a) for a, b in zip(m, m[1:]))), []).append(name)
+    out = dict(groups)
+    for (size, gaps), names in fam.items():
+        if len(names) < 2:
+            continue
+        seen: set[int] = set()
+        if any(seen & set(groups[n].members) or seen.update(groups[n].members) for n in names):
+            continue                                   # overlapping: not one dimension of a mesh
+        spacing = gaps[0] if len(set(gaps)) == 1 else "-".join(map(str, gaps))
+        kind = f"{INFERRED_PREFIX}{size}x{spacing}"
+        for n in names:
+            out[n] = GroupInfo(name=n, kind=kind, members=groups[n].members, holders=groups[n].holders,
+                               n_views=groups[n].n_views, recorded=groups[n].recorded)
+    return out
 
 
 def used_groups(coll: pd.DataFrame, known: set[str], kinds_of: dict[str, str] | None = None) -> dict[str, GroupInfo]:

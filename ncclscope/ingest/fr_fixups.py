@@ -47,7 +47,7 @@ def _group_members(pair_rank: list[int], pair_pg: list[str], pair_desc: list[str
         desc_of.setdefault(pg, desc)
     rebuilt = {pg: u for pg, u in users.items() if pg not in votes
                and not (desc_of[pg] == "default_pg" or (pg == "0" and desc_of[pg] in ("", "undefined")))}
-    completed = _complete_groups(rebuilt, set(dumps))
+    completed = _complete_groups(rebuilt, set(dumps), world)
     world = max([world] + [max(m) + 1 for m in completed.values()])
     out: list[tuple[int, ...]] = []
     reconstructed = set()
@@ -72,14 +72,16 @@ def _group_members(pair_rank: list[int], pair_pg: list[str], pair_desc: list[str
     return out
 
 
-def _complete_groups(users: dict[str, set[int]], present: set[int]) -> dict[str, tuple[int, ...]]:
+def _complete_groups(users: dict[str, set[int]], present: set[int], world: int = 0) -> dict[str, tuple[int, ...]]:
     """Rebuilt groups that lack a rank with no dump, completed from the mesh's structure.
 
     A group rebuilt from the entries holds only ranks that left a dump. On a mesh, the
     groups of one dimension have one shape (size and spacing: tp {0,1},{2,3}; dp {0,2},{1,3})
     and are disjoint. A smaller group that fits exactly one placement of one such shape,
     where every added rank left no dump and is in no group of that shape, is that shape's
-    group with its dead member(s) put back ({2} next to tp {0,1} and dp {0,2} is {2,3}).
+    group with its dead member(s) put back ({2} next to tp {0,1} and dp {0,2} is {2,3});
+    of several placements, the one that puts back ranks below `world` (a missing dump between
+    others), else the fewest ranks, if it is the only one.
     Anything less certain is left as it is."""
     if not users:
         return {}
@@ -110,8 +112,11 @@ def _complete_groups(users: dict[str, set[int]], present: set[int]) -> dict[str,
                     extra = set(cand) - m
                     if start >= 0 and m <= set(cand) and extra and not extra & (present | taken):
                         fits.add(cand)
-        if len(fits) == 1:
-            out[name] = fits.pop()
+        known = [c for c in fits if max(c) < world]     # ranks the dumps' names show missing come first
+        pool = known or list(fits)
+        fewest = [c for c in pool if len(c) == min(map(len, pool))]    # then the fewest ranks put back
+        if len(fewest) == 1:
+            out[name] = fewest[0]
     return out
 
 

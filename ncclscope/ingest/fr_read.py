@@ -266,7 +266,7 @@ class Entries:
         record = _ints(c["record_id"], -1)
         new["record_id"].append(record)
         new["cseq"].append(_ints(c["collective_seq_id"], -1))
-        new["created"].append(_ints(c["time_created_ns"], 0))
+        new["created"].append(_ints(c["time_created_ns"], -1))   # -1: no time (the analyses then say none)
         new["started"].append(_ints(c["time_discovered_started_ns"], 0))
         new["completed_ns"].append(_ints(c["time_discovered_completed_ns"], 0))
         new["timeout_ms"].append(_ints(c["timeout_ms"], -1))
