@@ -424,7 +424,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "dumped (stacks, Flight Recorder, trace); the op continues, nothing is raised (default 60)")
     n.add_argument("--out", default="", help="run directory (default runs/run-TIME)")
     n.add_argument("--no-analyze", action="store_true", help="do not print the verdict after the job")
-    n.add_argument("command", nargs=argparse.REMAINDER, help="-- SCRIPT [ARGS...], passed to the script unparsed")
+    n.add_argument("script_argv", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS...]",
+                   help="the script and its arguments, passed to it unparsed")
     n.set_defaults(func=cmd_run)
     return p
 

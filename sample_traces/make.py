@@ -37,7 +37,7 @@ SAMPLES: list[tuple[str, str, str, str]] = [
      "--dp 2 --steps 4", "OK"),
     ("hung-pipeline", "2-stage 1F1B pipeline; pipeline rank 0 posts its recv before its send at step 1",
      "--pp 2 --microbatches 4 --batch-size 8 --steps 3 --timeout-s 2 --inject p2p_order:rank=0,step=1",
-     "DEADLOCK"),
+     "SCHEDULE DEVIATION"),
     ("wrong-group", "4-way data parallel; rank 1 issues its gradient all-reduce on the world group at step 1",
      "--dp 4 --steps 3 --timeout-s 2 --inject wrong_group:rank=1,step=1,use=world", "WRONG GROUP"),
     ("dead-rank", "4-way data parallel; rank 2 SIGKILLs itself at the start of step 2",

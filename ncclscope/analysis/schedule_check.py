@@ -54,7 +54,7 @@ class Token:
             name = "forward" if self.what == FORWARD else "backward"
             return f"{name} of stage {self.stage} microbatch {self.microbatch}"
         prep = "to" if self.what == "send" else "from"
-        return f"{self.what} {prep} pipeline rank {self.peer} (stage {self.stage}, microbatch {self.microbatch})"
+        return f"{self.what} {prep} pipeline rank {self.peer} for stage {self.stage}, microbatch {self.microbatch}"
 
 
 def expected_tokens(actions: list[Any], q: int, p: int, n_stages: int) -> list[Token]:
@@ -192,7 +192,7 @@ def analyze_schedule(source: IndexLike) -> list[Finding]:
     if first["kind"] == S.KIND_P2P and int(first["peer"]) >= 0:
         op += f" {'to' if direction(pd.Series([op]))[0] == 'send' else 'from'} rank {int(first['peer'])}"
     title = (f"{rank_label(trace, [r])} broke the {first['schedule']} schedule at step {int(first['step'])}: "
-             f"it posted {op}{where} ({first['observed']}) where its schedule has {first['expected']}")
+             f"it posted {op}{where} where its schedule has {first['expected']}")
     others = sorted({int(x) for x in dev["rank"]} - {r})
     if others:
         title += f"; later deviations on {rank_label(trace, others[:MAX_SHOWN])}"

@@ -62,9 +62,14 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
     present = [r for r, info in trace.ranks.items() if info.present]
     if not present or len(present) < len(trace.ranks):
         return []
+    if all(trace.ranks[r].state == "finished" for r in present):   # a job that ended cleanly did not stop
+        return []
     if len(ix.blocking) or (len(coll) and (coll["status"].astype(str) != S.STATUS_OK).any()):
         return []
     used = set(coll["process_group"].astype(str)) if len(coll) else set()
+    p2p = ix.p2p
+    if len(p2p):                                   # a group used for send/recv (CP's ring) was used
+        used |= set(p2p["process_group"].astype(str))
     unused = sorted((n for n, g in ix.recorded.items() if g.kind != "world" and g.size >= 2 and n not in used),
                     key=lambda n: (len(n), n))
     if not unused:

@@ -113,7 +113,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
 
 def run_command(ns: Any) -> int:
     """`ncclscope run`: start the ranks, write run.json, print the verdict (stderr); return the job's exit code."""
-    cmd = list(ns.command or [])
+    cmd = list(ns.script_argv or [])
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]
     if not cmd:
