@@ -54,6 +54,7 @@ class RankInfo:
     device: str = ""
     clock_offset_ns: int = 0               # add to local time to get rank 0's time
     clock_uncertainty_ns: int = 0
+    host_cpus: int = 0                     # cores the rank's process could use (0: not recorded)
     coords: dict[str, int] = field(default_factory=dict)   # tp/cp/dp/pp/ep index
     end_status: str = ""                   # rank.json "end": ok | error | "" (never ended)
     end_message: str = ""
@@ -883,6 +884,7 @@ def load(path: str | os.PathLike[str]) -> Trace:
             device=str(meta.get("device", "")),
             clock_offset_ns=_int(meta.get("clock_offset_ns"), 0),
             clock_uncertainty_ns=_int(meta.get("clock_uncertainty_ns"), 0),
+            host_cpus=max(_int(meta.get("host_cpus"), 0), 0),
             coords={str(k): _int(v) for k, v in coords.items()},
             end_status=str(end.get("status", "")), end_message=str(end.get("message", "")),
         )

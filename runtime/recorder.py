@@ -134,6 +134,9 @@ class Recorder:
             "host": socket.gethostname(), "pid": os.getpid(), "device": "cpu",
             "clock_offset_ns": 0, "clock_uncertainty_ns": 0, "coords": {},
             "started_ns": time.time_ns(),
+            # cores this process may run on: lets the analyzer tell a saturated host (ranks >= cores,
+            # where time between ops is scheduling) from a stalled interconnect
+            "host_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0),
         }
         self.events = _Stream(self.dir / S.EVENTS_FILE, S.EVENTS_SCHEMA)
         self.metrics = _Stream(self.dir / S.METRICS_FILE, S.METRICS_SCHEMA)

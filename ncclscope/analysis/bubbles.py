@@ -402,6 +402,11 @@ def _findings(trace: Trace, res: BubbleResult, sel: pd.DataFrame, steps: pd.Data
                 f"stage {int(row['stage'])} idles {row['bubble']:.0%} of the step ({row['idle_ns'] / MS:.1f} of "
                 f"{row['window_ns'] / MS:.1f} ms; imbalance {row['imbalance_ns'] / MS:.1f} ms, "
                 f"comm stall {row['comm_stall_ns'] / MS:.1f} ms)"), time_ns=int(r["window_start_ns"])))
+        saturated = _saturated_host(trace)
+        if stall_sig and saturated and not imbalanced:
+            # ranks >= cores on a host: a rank waiting for its peer's message is mostly waiting for
+            # the peer's process to be scheduled, which no interconnect or schedule change fixes
+            stall_sig = False
         significant = imbalanced or stall_sig
         if imbalanced and (not stall_sig or share["imbalance_ns"] >= share["comm_stall_ns"] - stall_base):
             why = "uneven stages (move layers off the slowest stage)"
@@ -412,7 +417,10 @@ def _findings(trace: Trace, res: BubbleResult, sel: pd.DataFrame, steps: pd.Data
         title = (f"pipeline bubble {measured:.0%} vs {theory:.0%} in theory ({cfg}); the excess is mostly {why}: "
                  f"imbalance {share['imbalance_ns']:.0%}, comm stall {share['comm_stall_ns']:.0%} of the step "
                  f"({base_txt})")
-        if not significant:
+        if not significant and saturated:
+            title += (f"; not a warning: {saturated} (stalls between ops are host scheduling), "
+                      f"slowest stage {ratio:.2f}x the median (needs {IMBALANCE_RATIO:g}x)")
+        elif not significant:
             title += (f"; not a warning: comm stall under {STALL_FACTOR:g}x its baseline + {STALL_FLOOR:.0%}, "
                       f"slowest stage {ratio:.2f}x the median (needs {IMBALANCE_RATIO:g}x)")
         out.append(Finding(
@@ -436,6 +444,25 @@ def _findings(trace: Trace, res: BubbleResult, sel: pd.DataFrame, steps: pd.Data
             {"stage": slowest, "ratio": ratio, "saving_ns": saving, "saving_frac": saving / window,
              "significant": imbalanced}))
     return out
+
+
+def _saturated_host(trace: Trace) -> str:
+    """'N ranks share C cores on host H' for the most loaded host where ranks >= cores, else ''.
+
+    Each rank runs its training thread plus a flusher and a sampler, so a host
+    with as many ranks as cores has none to spare. Traces that did not record
+    `host_cpus` are never called saturated."""
+    per_host: dict[str, list[int]] = {}
+    for info in trace.ranks.values():
+        if info.present and info.host_cpus > 0:
+            per_host.setdefault(info.host, []).append(info.host_cpus)
+    worst = ""
+    load = 0.0
+    for host, cpus in per_host.items():
+        n, c = len(cpus), max(cpus)
+        if n >= c and n / c > load:
+            load, worst = n / c, f"{n} ranks share {c} cores on host {host}"
+    return worst
 
 
 def step_windows(res: BubbleResult) -> pd.DataFrame:

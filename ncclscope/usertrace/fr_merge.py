@@ -132,18 +132,9 @@ def _int(v: Any, default: int = -1) -> int:
 
 
 def _dtype_and_bytes(sizes: Any, dtypes: Any) -> tuple[str, int]:
-    from ..ingest import dtype_itemsize, normalize_dtype
-    names = [normalize_dtype(d) for d in (dtypes if isinstance(dtypes, (list, tuple)) else [dtypes]) if str(d)]
-    total = 0
-    if isinstance(sizes, (list, tuple)):
-        for j, shape in enumerate(sizes):
-            if isinstance(shape, (list, tuple)):
-                n = 1
-                for d in shape:
-                    n *= max(_int(d, 0), 0)
-                item = dtype_itemsize(names[j] if j < len(names) else (names[0] if names else ""))
-                total += n * item
-    return ",".join(dict.fromkeys(names)), min(total, 2**62)
+    """(dtypes, bytes) of an FR entry, computed as the FR ingest does (bounded against hostile values)."""
+    from ..ingest.fr_read import _dtype_and_bytes as fr_dtype_and_bytes
+    return fr_dtype_and_bytes(sizes, tuple(dtypes) if isinstance(dtypes, (list, tuple)) else (dtypes,))
 
 
 def _read_dump(path: Path) -> dict[str, Any]:
