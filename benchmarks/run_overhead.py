@@ -41,7 +41,7 @@ def per_op(n: int, blocks: int) -> dict:
     import torch.distributed as dist
 
     from ncclscope.runtime.recorder import Recorder
-    from ncclscope.usertrace.tracer import Tracer
+    from ncclscope.runtime.usertrace.tracer import Tracer
     tmp = tempfile.mkdtemp(prefix="ncclscope-bench-")
     _init(0, 1, tmp)
     rec = Recorder(Path(tmp) / "run", 0, 1)
@@ -78,7 +78,7 @@ def _ddp_rank(rank: int, world: int, store_dir: str, steps: int, blocks: int, ou
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ncclscope.runtime.recorder import Recorder
-    from ncclscope.usertrace.tracer import Tracer
+    from ncclscope.runtime.usertrace.tracer import Tracer
     _init(rank, world, store_dir)
     rec = Recorder(Path(store_dir) / "run", rank, world)
     rec.context.step = 0

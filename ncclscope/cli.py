@@ -431,8 +431,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(ns: argparse.Namespace) -> int:
-    from .usertrace.launcher import run_command
-    return run_command(ns)
+    """`ncclscope run`: start the ranks, write run.json, print the verdict (stderr); return the job's exit code."""
+    cmd = list(ns.script_argv or [])
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        print("ncclscope run: give the script to run: ncclscope run [--nproc N] -- SCRIPT [ARGS...]", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if not os.path.isfile(cmd[0]):
+        print(f"ncclscope run: {cmd[0]}: no such script", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if ns.nproc < 1:
+        print("ncclscope run: --nproc must be at least 1", file=sys.stderr)
+        return EXIT_UNREADABLE
+    from .runtime.launch import RunDirError
+    from .runtime.usertrace.launcher import launch
+    try:
+        run_dir, run, code = launch(cmd[0], cmd[1:], nproc=ns.nproc, out=ns.out, timeout_s=ns.timeout_s)
+    except RunDirError as exc:
+        print(f"ncclscope: {exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    print(f"ncclscope run: {run['end_reason']} in {run['duration_s']:.1f} s (exit code {code}); "
+          f"run directory {run_dir}", file=sys.stderr)
+    if not ns.no_analyze:
+        try:
+            from .trace import load
+            trace = load(run_dir)
+            _print_report(trace, run_analyses(trace), out=sys.stderr)
+        except Exception as exc:   # the job's exit code is what matters here
+            print(f"ncclscope run: analysis failed ({type(exc).__name__}: {exc}); "
+                  f"run `ncclscope analyze {run_dir}`", file=sys.stderr)
+    return code
 
 
 def main(argv: Sequence[str] | None = None) -> int:

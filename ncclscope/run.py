@@ -1,4 +1,4 @@
-"""Per-rank entry point for tracing a user's script (see ncclscope/usertrace/bootstrap.py).
+"""Per-rank entry point for tracing a user's script (see runtime/usertrace/bootstrap.py).
 
     python -m ncclscope.run [--out DIR] [--timeout-s T] SCRIPT [ARGS...]
     torchrun --standalone --nproc-per-node 2 -m ncclscope.run examples/ddp.py --steps 3
@@ -12,7 +12,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .usertrace.bootstrap import main as _main
+    from .runtime.usertrace.bootstrap import main as _main
     return _main(argv)
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from ncclscope import schema as S
-from ncclscope.usertrace import bootstrap as B
+from ncclscope.runtime.usertrace import bootstrap as B
 from ncclscope.usertrace import fr_merge
 
 
@@ -101,7 +101,7 @@ def test_tracer_rows_groups_and_errors_on_one_rank(tmp_path):
     import torch.distributed as dist
 
     from ncclscope.runtime.recorder import Recorder
-    from ncclscope.usertrace.tracer import Tracer
+    from ncclscope.runtime.usertrace.tracer import Tracer
     if dist.is_initialized():
         pytest.skip("a process group already exists in this process")
     orig = dist.all_reduce

@@ -21,14 +21,14 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..findings import PREFIX, Finding, FindingKind, Role, Severity, sort_findings
+from ..findings import Finding, Role, Severity, sort_findings
+from .headline import OK_VERDICT, hang_verdict, prefix  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
     from ..trace import Trace
     from .diagnose import Diagnosis
     from .performance import PerfResult
 
-OK_VERDICT = "OK: no hang, deadlock or mismatch found"
 EXIT_OK, EXIT_PROBLEMS = 0, 1
 
 
@@ -85,26 +85,6 @@ def _guard(errors: list[str], timings: dict[str, float], name: str, fn: Callable
         return None
     finally:
         timings[name] = time.perf_counter() - t0
-
-
-def prefix(kind: FindingKind | str) -> str:
-    """The verdict's capitalised kind word(s): DEADLOCK, WRONG GROUP, STRAGGLER, ..."""
-    try:
-        return PREFIX[FindingKind(kind)]
-    except (ValueError, KeyError):
-        return str(kind).upper()
-
-
-def hang_verdict(findings: list[Finding]) -> str:
-    """The hang diagnosis' line: the first error headline, prefixed by its kind, or OK."""
-    heads = [f for f in findings if f.role == Role.HEADLINE and f.severity == Severity.ERROR]
-    if not heads:
-        warnings = sum(1 for f in findings if f.severity == Severity.WARNING)
-        return OK_VERDICT + (f" ({warnings} warning{'s' if warnings != 1 else ''})" if warnings else "")
-    text = f"{prefix(heads[0].kind)}: {heads[0].title}"
-    if len(heads) > 1:
-        text += f" (+{len(heads) - 1} more root cause{'s' if len(heads) > 2 else ''})"
-    return text
 
 
 def compose_verdict(diagnosis: "Diagnosis | None", perf_findings: list[Finding], errors: list[str]) -> tuple[str, str]:

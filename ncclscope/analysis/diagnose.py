@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from ..findings import SEVERITIES, Evidence, Explains, Finding, InstanceRef, Role
-from .compose import OK_VERDICT, hang_verdict
+from .headline import OK_VERDICT, hang_verdict
 from .census import deviations_before_death, sequence_skips
 from .instances import DEVIATION_COLUMNS, find_history_deviations
 from .collectives import analyze_collectives

@@ -3,17 +3,11 @@
     ncclscope run --nproc 2 -- examples/ddp.py --steps 3
     torchrun --standalone --nproc-per-node 2 -m ncclscope.run examples/ddp.py --steps 3
 
-Modules (only `tracer`, `bootstrap` and `launcher` import torch; this package
-and `fr_merge` never do, so the analyzer stays torch-free):
-  bootstrap.py  the per-rank entry: recorder, telemetry, tracer, then the
-                script via runpy as `__main__` with its own argv
-  tracer.py     wraps the public torch.distributed API (begin/end rows in the
-                schema `ncclscope train` writes), records process groups,
-                steps from optimizer hooks, dumps Flight Recorder + stacks
-  launcher.py   `ncclscope run --nproc N`: torch's elastic launch API
-                (torchrun's own machinery), then run.json with exit codes
-  fr_merge.py   loader step: Flight Recorder entries the Python tracer did not
-                see (DDP's reducer, DTensor) become rows of the rank's events
+This package is the torch-free half: `step()` / `annotate()` here and the
+loader's `fr_merge.py` (Flight Recorder entries the Python tracer did not see,
+such as DDP's reducer or DTensor, become rows of the rank's events). The
+tracer, the per-rank bootstrap and the launcher import torch and live in
+`ncclscope.runtime.usertrace`.
 
 `step()` and `annotate()` are the explicit API a script may call (re-exported
 as `ncclscope.step` / `ncclscope.annotate`); they do nothing when the script
@@ -26,7 +20,7 @@ from typing import Any
 
 
 def _active() -> Any:
-    mod = sys.modules.get("ncclscope.usertrace.tracer")
+    mod = sys.modules.get("ncclscope.runtime.usertrace.tracer")
     return None if mod is None else mod.ACTIVE
 
 

@@ -48,7 +48,7 @@ from ncclscope import schema as S
 
 ACTIVE: "Tracer | None" = None
 
-from .fr_merge import FR_FILE  # noqa: E402  (snapshot name; NCCL's own dump is FR_NCCL_PREFIX<rank>)
+from ncclscope.usertrace.fr_merge import FR_FILE  # noqa: E402  (snapshot name; NCCL's own dump is FR_NCCL_PREFIX<rank>)
 POLL_S = 0.02
 WATCH_S = 0.25
 FR_EARLY_S = 1.0   # an op in flight this long gets a Flight Recorder snapshot (cheap, before any kill)

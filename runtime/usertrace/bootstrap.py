@@ -108,7 +108,7 @@ def flight_recorder_env(rank_dir: Path) -> None:
     env = os.environ
     env.setdefault("TORCH_FR_BUFFER_SIZE", "2000")
     env.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
-    from .fr_merge import FR_NCCL_PREFIX
+    from ncclscope.usertrace.fr_merge import FR_NCCL_PREFIX
     env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(rank_dir / FR_NCCL_PREFIX))
 
 
