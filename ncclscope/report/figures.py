@@ -119,11 +119,24 @@ def grad_norms(perf: PerfResult) -> go.Figure | None:
                    yaxis_title="norm")
 
 
+def _log_dtick(values: pd.Series) -> int | str:
+    """Every decade when the data spans two or more, else 1-2-5 (one label would be too few)."""
+    v = values[values > 0]
+    if not len(v):
+        return 1
+    return 1 if np.log10(float(v.max()) / float(v.min())) >= 2 else "D2"
+
+
 def collectives(perf: PerfResult) -> go.Figure | None:
     inst = perf.comm.instances
     if not len(inst) or "latency_ms" not in inst or not inst["latency_ms"].notna().any():
         return None
     ok = inst[inst["latency_ms"].notna()]
+    sized = ok["size_bytes"] > 0
+    zero = sorted({esc(f"{op} on {kind}") for op, kind in zip(ok.loc[~sized, "op_name"], ok.loc[~sized, "group_kind"])})
+    ok = ok[sized]                 # a barrier moves no bytes: it has no place on a log-bytes axis (its row stays)
+    if not len(ok):
+        return None
     if len(ok) > MAX_POINTS:
         ok = ok.sample(MAX_POINTS, random_state=0)
     fig = make_subplots(rows=1, cols=2, subplot_titles=("latency after the last arrival (ms)", "bus bandwidth (GB/s)"))
@@ -136,9 +149,13 @@ def collectives(perf: PerfResult) -> go.Figure | None:
                                    marker=dict(color=color, size=5, opacity=0.6), hovertext=hover), 1, 1)
         fig.add_trace(go.Scattergl(x=g["size_bytes"], y=g["busbw_gbs"], mode="markers", name=name, legendgroup=name,
                                    showlegend=False, marker=dict(color=color, size=5, opacity=0.6), hovertext=hover), 1, 2)
-    fig.update_xaxes(type="log", title_text="bytes (nccl-tests size)")
-    fig.update_yaxes(type="log", row=1, col=1)
-    return _layout(fig, "Collective latency and bandwidth per instance", height=460)
+    # one labelled tick per decade: plotly's default labels every minor tick of a short log range
+    fig.update_xaxes(type="log", dtick=_log_dtick(ok["size_bytes"]), title_text="bytes (nccl-tests size)")
+    fig.update_yaxes(type="log", dtick=_log_dtick(ok["latency_ms"]), row=1, col=1)
+    title = "Collective latency and bandwidth per instance"
+    if zero:
+        title += f" (not drawn, no bytes: {', '.join(zero)})"
+    return _layout(fig, title, height=460)
 
 
 def p2p_traffic(trace: Trace) -> pd.DataFrame:
