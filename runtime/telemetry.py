@@ -9,7 +9,11 @@ Why clock offsets: the analyzer compares times across ranks (who arrived
 last, who waited how long). On one host the offset is ~0; across hosts it is
 not, so at start each rank measures its offset to rank 0 over a few
 ping-pong rounds (Cristian's method, keeping the round with the smallest
-round trip) and stores it with its uncertainty in rank.json.
+round trip) and stores it with its uncertainty in rank.json. Here the pings
+are traced p2p ops on the runtime's own world group; `ncclscope run`, which
+must issue nothing on a user's groups, does the same exchange through the
+job's c10d store instead (runtime/usertrace/clock.py) and writes the same
+fields.
 """
 from __future__ import annotations
 

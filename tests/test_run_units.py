@@ -1,5 +1,8 @@
 """`ncclscope run` pieces without spawning ranks: argument pass-through, rank
-environment, the Flight Recorder merge, and the tracer on a one-rank gloo world."""
+environment, the Flight Recorder merge, the tracer on a one-rank gloo world,
+NCCL's GPU-completion ends with fake CUDA events, and the import rule that keeps
+the tracer's threads from racing the script's imports (clock offsets:
+test_run_clock.py)."""
 from __future__ import annotations
 
 import datetime
@@ -142,3 +145,123 @@ def test_tracer_rows_groups_and_errors_on_one_rank(tmp_path):
     assert [(x["name"], x["ranks"], x["creation_order"]) for x in groups] == [("world", [0], 0), ("g1", [0], 1)]
     metrics = load(tmp_path).metrics
     assert list(metrics["step"]) == [0, 1]
+
+
+# ---- NCCL ends at GPU completion (runtime/usertrace/gpu.py), with fake CUDA events -----------------
+class _FakeEvent:
+    def __init__(self) -> None:
+        self.done = False
+
+    def query(self) -> bool:
+        return self.done
+
+
+class _FakeCudaTensor:
+    is_cuda = True
+
+
+def test_gpu_end_waits_for_the_event_and_a_never_completing_op_stays_open(tmp_path):
+    from ncclscope.runtime.recorder import Recorder
+    from ncclscope.runtime.usertrace.gpu import GpuEnds
+    rec = Recorder(tmp_path, 0, 1)
+    rec.context.step = 0
+    events: list[_FakeEvent] = []
+
+    def event_after(tensor):
+        assert tensor.is_cuda
+        events.append(_FakeEvent())
+        return events[-1]
+    inflight: dict = {}
+    gpu = GpuEnds(rec, inflight, event_after=event_after)
+    woken = []
+    gpu.wake = lambda: woken.append(1)
+    ops = []
+    for _ in range(3):
+        op = rec.begin(S.KIND_COLLECTIVE, "all_reduce", group="world", seq=len(ops) + 1)
+        inflight[op] = (0.0, "all_reduce", "world", len(ops) + 1)
+        assert gpu.track(op, _FakeCudaTensor())
+        ops.append(op)
+    assert woken == [1]                        # the poller is woken once, for the first pending event
+    assert gpu.poll() == 3                     # nothing completed on the GPU yet: no end rows
+    events[1].done = True                      # out of order (another stream): asked anyway
+    assert gpu.poll() == 2 and set(inflight) == {ops[0], ops[2]}
+    events[0].done = True
+    assert gpu.poll() == 1
+    rec.close()
+    from ncclscope.trace import load
+    t = load(tmp_path).ops
+    t = t[t["op_id"] < fr_merge.OP_ID_BASE].set_index("op_id")
+    assert list(t.loc[ops, "status"]) == ["ok", "ok", "inflight"]   # op 3 never completed: an open begin row
+
+
+def test_gpu_end_falls_back_to_the_call_return_when_events_fail(tmp_path, capsys):
+    from ncclscope.runtime.recorder import Recorder
+    from ncclscope.runtime.usertrace.gpu import GpuEnds
+    rec = Recorder(tmp_path, 0, 1)
+
+    def broken(tensor):
+        raise RuntimeError("CUDA driver gone")
+    gpu = GpuEnds(rec, {}, event_after=broken)
+    assert not gpu.track(1, _FakeCudaTensor()) and not gpu.track(2, _FakeCudaTensor())
+    assert capsys.readouterr().err.count("GPU completion times off") == 1
+    rec.close()
+
+
+def test_cpu_ops_never_touch_cuda(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+
+    from ncclscope.runtime.recorder import Recorder
+    from ncclscope.runtime.usertrace.tracer import Tracer
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+
+    def no_cuda(*a, **k):
+        raise AssertionError("torch.cuda touched on a CPU op")
+    for name in ("Event", "current_stream", "is_available", "synchronize", "init"):
+        monkeypatch.setattr(torch.cuda, name, no_cuda)
+    rec = Recorder(tmp_path, 0, 1)
+    rec.context.step = 0
+    tracer = Tracer(rec, 0, 1, timeout_s=30).install()
+    try:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1,
+                                timeout=datetime.timedelta(seconds=30))
+        t = torch.ones(4)
+        dist.all_reduce(t)
+        dist.all_gather([torch.zeros(4)], t)
+        dist.all_reduce(t, async_op=True).wait()
+        dist.barrier()
+        dist.destroy_process_group()
+    finally:
+        tracer.close()
+        rec.close()
+    assert len(tracer._gpu) == 0 and tracer.ops == 4
+
+
+def test_flight_recorder_dump_imports_nothing_once_the_tracer_is_installed(tmp_path):
+    """The cause of `ImportError ... partially initialized module 'torch._dynamo.utils'`:
+    `_dump_fr_trace()` imports torch._inductor / torch._dynamo on first use, and the watch
+    thread calling it while the script's main thread imported torch._dynamo handed one of them
+    a half-initialised module. After install (bootstrap: before any thread starts) a dump
+    from a thread must import nothing."""
+    import subprocess
+    code = f"""
+import datetime, sys, threading
+import torch, torch.distributed as dist
+from ncclscope.runtime.recorder import Recorder
+from ncclscope.runtime.usertrace.tracer import Tracer
+rec = Recorder({str(tmp_path)!r}, 0, 1)
+tracer = Tracer(rec, 0, 1).install()
+dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=0, world_size=1,
+                        timeout=datetime.timedelta(seconds=30))
+dist.all_reduce.__ncclscope_orig__(torch.ones(2))   # an FR entry, without the traced path's own dump
+before = set(sys.modules)
+th = threading.Thread(target=tracer.dump_fr)
+th.start(); th.join()
+print(sorted(set(sys.modules) - before))
+dist.destroy_process_group(); tracer.close(); rec.close()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "[]"

@@ -1,14 +1,21 @@
 """The tracer for a user's own job (`ncclscope run`), the torch half of it.
 
-    bootstrap.py  the per-rank entry: recorder, telemetry, tracer, then the
-                  script via runpy as `__main__` with its own argv
-    tracer.py     wraps the public torch.distributed API (begin/end rows in the
-                  schema `ncclscope train` writes), records process groups,
-                  steps from optimizer hooks, dumps Flight Recorder + stacks
+    bootstrap.py  the per-rank entry: warm imports, recorder, telemetry, tracer,
+                  then the script via runpy as `__main__` with its own argv
     launcher.py   `ncclscope run --nproc N`: torch's elastic launch API
                   (torchrun's own machinery), then run.json with exit codes
+    tracer.py     the Tracer: install / uninstall / close, assembled from
+      opspec.py     what each wrapped torch.distributed call is (plain data)
+      ops.py        the begin/end wrappers (the hot path), Work.wait
+      callsite.py   the user's file:line, cached
+      groups.py     groups as data: init_process_group, new_group, device meshes
+      steps.py      steps from optimizer hooks, ncclscope.step() / annotate()
+      evidence.py   watch thread, poller, Flight Recorder snapshots, SIGTERM
+      gpu.py        NCCL: the end row at GPU completion (CUDA events)
+      clock.py      clock offset to rank 0 through the job's c10d store
 
-It lives in the runtime because it imports torch; the torch-free parts (the
-`ncclscope.step()` / `annotate()` API and the loader's Flight Recorder merge)
-stay in `ncclscope/usertrace/`, which the analyzer may import.
+Imports only point down this list (tracer -> facets -> opspec/callsite), no
+cycles. It lives in the runtime because it imports torch; the torch-free
+parts (the `ncclscope.step()` / `annotate()` API and the loader's Flight
+Recorder merge) stay in `ncclscope/usertrace/`, which the analyzer may import.
 """

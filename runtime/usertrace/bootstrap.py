@@ -5,7 +5,8 @@
     srun python -m ncclscope.run train.py          (RANK etc. from SLURM_PROCID/SLURM_NTASKS/SLURM_LOCALID)
 
 Order of events in each rank: Flight Recorder settings into the environment
-(before any process group exists), the recorder (heartbeats, suspect
+(before any process group exists), `import torch` and the modules our threads
+would otherwise import lazily (`warm_imports`: torch._dynamo), the recorder (heartbeats, suspect
 watchdog, stacks on SIGUSR1 and fatal signals), host/NVML samples, the tracer
 (torch.distributed patched, optimizer step hook), then the script through
 `runpy.run_path(SCRIPT, run_name="__main__")` with `sys.argv = [SCRIPT, *ARGS]`.
@@ -112,6 +113,35 @@ def flight_recorder_env(rank_dir: Path) -> None:
     env.setdefault("TORCH_FR_DUMP_TEMP_FILE", str(rank_dir / FR_NCCL_PREFIX))
 
 
+def warm_imports() -> None:
+    """Import, in the main thread and before any thread of ours starts, every
+    module those threads would otherwise import lazily.
+
+    Why: Flight Recorder's `_dump_fr_trace()` (the tracer's watch thread calls
+    it for an op in flight FR_EARLY_S, and with the idle / timeout evidence)
+    imports torch._inductor, hence torch._dynamo, the first time it runs. The
+    script's main thread imports torch._dynamo too, lazily, the first time it
+    builds a DTensor or an optimizer (torch/_compile.py). Two threads importing
+    one package at once: a submodule of a package still being initialised is
+    imported without waiting for the package, so each thread can hold a module
+    lock the other needs; Python breaks that deadlock by handing one of them a
+    partially initialised module, and the script died with `ImportError: cannot
+    import name 'counters' from partially initialized module
+    'torch._dynamo.utils'` (about one run in three of examples/dtensor_tp.py
+    with --timeout-s 3: the idle evidence fired while DTensor() was importing
+    torch._dynamo). Importing it here first costs ~2.5 s per rank once, which a
+    script with an optimizer pays anyway (runtime/train.py warm_imports, the
+    same reason). ctypes (the SIGTERM path) and pyarrow's pandas (the flusher)
+    likewise."""
+    import ctypes  # noqa: F401
+
+    from ncclscope.runtime.recorder import warm_pyarrow
+
+    from .evidence import warm_fr_dump
+    warm_fr_dump()
+    warm_pyarrow()
+
+
 def write_json(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, default=str))
@@ -134,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     flight_recorder_env(out / S.rank_dir_name(rank))
 
     import torch   # noqa: F401  (only now: the environment above must be set first)
+    warm_imports()   # before the recorder's, the sampler's and the tracer's threads start
     from ncclscope.runtime.recorder import Recorder
     from ncclscope.runtime.telemetry import Sampler
 
@@ -173,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             status, message = "error", f"SystemExit({code!r})"
         raise
     except BaseException as exc:
-        status, message = "error", T._text(exc)
+        status, message = "error", T.text_of(exc)
         tracer.evidence(f"uncaught {type(exc).__name__} in {script}", stacks=False)
         raise
     finally:
