@@ -17,12 +17,9 @@ How an op ends depends on the backend:
   - gloo (CPU): the calling thread waits on the work with the timeout; the
     end row is written when the wait returns, which is when the op is done.
   - NCCL (GPU): the CPU call returns long before the GPU has done the op, so
-    its return proves nothing. The op is handed to `_Completions`, a thread
-    that polls `work.is_completed()` and writes the end row at GPU completion;
-    the caller only orders its stream after the op (`work.wait()` without a
-    timeout does not block the CPU). An op that never completes stays an open
-    begin row until its timeout, when the thread writes the timeout row,
-    dumps stacks and NCCL's Flight Recorder, and fails the rank (docs/nccl.md).
+    its return proves nothing. The op is handed to `_Completions`
+    (comm_nccl.py), a thread that writes the end row at GPU completion, or
+    the timeout row, stacks and Flight Recorder dump when it never completes.
 
 Why async + wait(timeout) rather than the blocking call: a per-call timeout
 needs it, and the blocking form on gloo leaves no hook to record anything.
@@ -35,26 +32,27 @@ blocks forever: the recorder's flusher is its own thread and the waiting
 thread holds no GIL while inside gloo.
 
 The process group is always passed explicitly as a `Group`; `Comm` holds one
-rank's counters and nothing here is global.
+rank's counters and nothing here is global. Beside this file: comm_types.py
+(`Group`, `Op`, `Call`, `Handle`, the errors), comm_site.py (call site and tensor
+metadata of a begin row), comm_nccl.py (the NCCL completion thread).
 """
 from __future__ import annotations
 
-import collections
 import datetime as _dt
-import functools
-import os
-import sys
-import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.distributed as dist
 
 from ncclscope import schema as S
 
-_THIS_FILE = os.path.abspath(__file__)
+# Group, Handle, Op, Call and the errors are imported from here by the rest of the runtime
+from .comm_nccl import NCCL_WATCHDOG_GRACE_S, _Completions, dump_flight_recorder  # noqa: F401
+from .comm_site import _NO_TENSOR, _meta, call_site
+from .comm_types import _DONE, Call, CommError, CommTimeoutError, Group, Handle, Op  # noqa: F401
+
+
 _REDUCE_OPS = {
     "sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.AVG, "max": dist.ReduceOp.MAX,
     "min": dist.ReduceOp.MIN, "product": dist.ReduceOp.PRODUCT,
@@ -70,94 +68,6 @@ _reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.re
 _TIMEDELTAS: dict[float, _dt.timedelta] = {}
 
 
-class CommError(RuntimeError):
-    """A wrapped op failed (not by timeout): peer died, group dead, bad call."""
-
-
-class CommTimeoutError(CommError):
-    """A wrapped op did not finish within its timeout."""
-
-    def __init__(self, message: str, *, op: str, group: str, seq: int, peer: int, timeout_s: float) -> None:
-        super().__init__(message)
-        self.op, self.group, self.seq, self.peer, self.timeout_s = op, group, seq, peer, timeout_s
-
-
-@dataclass
-class Group:
-    """A process group as the rest of the runtime sees it: a name, a kind,
-    member global ranks (in group-rank order) and the torch handle."""
-
-    name: str
-    kind: str
-    ranks: tuple[int, ...]
-    pg: Any                      # torch ProcessGroup, or None when this rank is not a member
-    creation_order: int
-    rank: int = -1               # this process's rank inside the group (-1: not a member)
-    dead: str = ""               # why the group must not be used again
-    backend: str = "gloo"
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-    def label(self) -> str:
-        """`dp1[1,3,5,7]`: the name plus members, as verdicts print it."""
-        return f"{self.name}[{','.join(map(str, self.ranks))}]"
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind, "ranks": list(self.ranks),
-                "creation_order": self.creation_order, "backend": self.backend if self.pg is not None else ""}
-
-
-@functools.lru_cache(maxsize=4096)
-def _short_path(filename: str) -> str:
-    """Path as a person would quote it: relative to the package or cwd."""
-    marker = os.sep + "runtime" + os.sep
-    if marker in filename:
-        return "runtime/" + filename.split(marker, 1)[1]
-    try:
-        rel = os.path.relpath(filename)
-        return filename if rel.startswith("..") else rel
-    except ValueError:
-        return filename
-
-
-_SITES: dict[tuple[str, int], str] = {}
-
-
-def call_site() -> str:
-    """file:line of the first caller outside this module (cheap: a few frames,
-    and the formatted string is cached per call site)."""
-    f: Any = sys._getframe(1)
-    while f is not None and f.f_code.co_filename == _THIS_FILE:
-        f = f.f_back
-    if f is None:
-        return ""
-    key = (f.f_code.co_filename, f.f_lineno)
-    site = _SITES.get(key)
-    if site is None:
-        site = _SITES[key] = f"{_short_path(key[0])}:{key[1]}"
-    return site
-
-
-_META: dict[tuple[Any, Any], tuple[str, str, int]] = {}
-
-
-def _meta(t: torch.Tensor) -> tuple[str, str, int]:
-    """(input_sizes, input_dtypes, bytes) of a tensor, cached per (shape, dtype):
-    the same few shapes recur every step, and formatting them is the costliest
-    part of a begin row."""
-    key = (t.shape, t.dtype)
-    meta = _META.get(key)
-    if meta is None:
-        meta = _META[key] = ("[" + str(list(t.shape)) + "]", str(t.dtype).replace("torch.", ""),
-                             t.numel() * t.element_size())
-    return meta
-
-
-_NO_TENSOR = ("[]", "", 0)
-
-
 # ---- the op table ------------------------------------------------------------
 # issue(pg, t, out, arg, tag) -> async work; alone(t, out, arg): what a group of
 # one does instead (None: not allowed, p2p). `arg` is the op's one parameter:
@@ -165,17 +75,6 @@ _NO_TENSOR = ("[]", "", 0)
 
 def _nothing(t: Any, out: Any, arg: Any) -> None:
     return None
-
-
-class Op(NamedTuple):
-    """One wrapped torch.distributed call, as `Comm._call` issues it."""
-
-    name: str
-    kind: str                                   # S.KIND_COLLECTIVE or S.KIND_P2P
-    issue: Callable[[Any, Any, Any, Any, int], Any]
-    alone: Callable[[Any, Any, Any], Any] | None
-    arg: str = ""                               # what `arg` is in the row: "reduce_op", "peer" or ""
-    p2p: str = ""                               # "send" / "recv": per-peer sequence direction
 
 
 _C, _P = S.KIND_COLLECTIVE, S.KIND_P2P
@@ -203,42 +102,7 @@ OPS = {op.name: op for op in (ALL_REDUCE, ALL_GATHER, ALL_GATHER_INTO_TENSOR, RE
                               REDUCE_SCATTER_TENSOR, ALL_TO_ALL_SINGLE, BROADCAST, BARRIER, ISEND, IRECV, SEND, RECV)}
 
 
-class Call:
-    """One op as a before-issue hook sees it. A hook may replace `op` (another
-    row of the table), `group`, `t` (the tensor sent / reduced), `arg` or
-    `timeout_s`, sleep (a delay), or set `skip` (the op is not issued and
-    leaves no row). `out` is what the caller gets back either way."""
-
-    __slots__ = ("op", "group", "t", "out", "arg", "tag", "timeout_s", "skip")
-
-    def __init__(self, op: Op, group: Group, t: Any, out: Any, arg: Any, tag: int, timeout_s: float | None) -> None:
-        self.op, self.group, self.t, self.out, self.arg, self.tag = op, group, t, out, arg, tag
-        self.timeout_s, self.skip = timeout_s, False
-
-
 Hook = Callable[["Comm", Call], None]
-
-
-class Handle:
-    """An in-flight async op (isend/irecv): `wait()` records its end row
-    (on NCCL the completion thread does, and wait() orders the stream)."""
-
-    def __init__(self, comm: "Comm", work: Any, op_id: int, desc: tuple[str, Group, int, int], timeout_s: float) -> None:
-        self._comm, self._work, self._op_id, self._desc, self._timeout_s = comm, work, op_id, desc, timeout_s
-        self.done = work is None
-
-    def wait(self, timeout_s: float | None = None) -> None:
-        if self.done:
-            return
-        self.done = True
-        if self._comm._completions is not None:
-            self._comm._order_after(self._work)
-        else:
-            self._comm._finish(self._work, self._op_id, self._desc, timeout_s or self._timeout_s)
-
-
-_DONE = Handle.__new__(Handle)   # a skipped isend/irecv: nothing to wait for
-_DONE.done = True
 
 
 class Comm:
@@ -490,97 +354,3 @@ class Comm:
             for h in handles:
                 self._completions.add(h._work, h._op_id, h._desc, timeout)
         return handles
-
-
-# ---- NCCL: end rows at GPU completion ---------------------------------------------
-NCCL_WATCHDOG_GRACE_S = 30.0   # NCCL's watchdog (pg timeout) fires this long after our own timeout
-POLL_S = 0.0005                # completion poll period while ops are in flight
-STUCK_GRACE_S = 3.0            # after a timeout: time for the training thread to notice before on_stuck
-
-
-class _Completions:
-    """The NCCL poller thread: writes each op's end row when `work.is_completed()`
-    turns true (GPU completion, to within POLL_S), or its timeout row when the
-    op's own timeout passes first. Only started on NCCL; gloo never pays for it."""
-
-    def __init__(self, comm: Comm) -> None:
-        self.comm = comm
-        self.pending: collections.deque[tuple[Any, int, tuple[str, Group, int, int], float, float]] = \
-            collections.deque()
-        self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name=f"ncclscope-completions-{comm.rank}", daemon=True)
-        self._thread.start()
-
-    def add(self, work: Any, op_id: int, desc: tuple[str, Group, int, int], timeout_s: float) -> None:
-        self.pending.append((work, op_id, desc, timeout_s, time.monotonic() + timeout_s))
-        self._wake.set()
-
-    def _loop(self) -> None:
-        while True:
-            if not self.pending:
-                self._wake.wait(1.0)
-                self._wake.clear()
-                continue
-            now = time.monotonic()
-            for _ in range(len(self.pending)):
-                item = self.pending.popleft()
-                if not self.check(item, now):
-                    self.pending.append(item)
-            time.sleep(POLL_S)
-
-    def check(self, item: tuple[Any, int, tuple[str, Group, int, int], float, float], now: float) -> bool:
-        """True when the item is finished with (end row written)."""
-        work, op_id, (op, group, seq, peer), timeout_s, deadline = item
-        comm, rec = self.comm, self.comm.rec
-        where = f"{op} #{seq} on {group.label()}" + (f" peer {peer}" if peer >= 0 else "")
-        error: Any = None
-        try:
-            done = work.is_completed()
-            if done:
-                error = work.exception()
-        except RuntimeError as exc:      # is_completed re-raises the op's error on some versions
-            done, error = True, exc
-        if done and error is None:
-            rec.end(op_id, S.STATUS_OK)
-            return True
-        if done:
-            text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            msg = f"rank {comm.rank}: {where} failed on the GPU: {text}"
-            rec.end(op_id, S.STATUS_ERROR, msg)
-            comm.fail(CommError(msg), f"error in {op} #{seq}")
-            rec.flush()
-            return True
-        if now < deadline:
-            return False
-        msg = f"rank {comm.rank}: {where} timed out after {timeout_s:g} s (not completed on the GPU)"
-        rec.end(op_id, S.STATUS_TIMEOUT, msg)
-        err = CommTimeoutError(msg, op=op, group=group.name, seq=seq, peer=peer, timeout_s=timeout_s)
-        comm.fail(err, f"timeout in {op} #{seq}")
-        rec.dump_stacks(msg)
-        dump_flight_recorder(rec)
-        rec.flush()
-        threading.Thread(target=self._stuck, args=(err,), daemon=True).start()
-        return True
-
-    def _stuck(self, err: CommError) -> None:
-        """The training thread raises `err` at its next wrapped op; if it is
-        blocked in a GPU wait instead, hand over to `comm.on_stuck` (train.py
-        closes the trace and exits with the timeout code)."""
-        time.sleep(STUCK_GRACE_S)
-        if self.comm.on_stuck is not None and not self.comm.failure_seen:
-            self.comm.on_stuck(err)
-
-
-def dump_flight_recorder(rec: Any) -> None:
-    """NCCL's own Flight Recorder (TORCH_NCCL_TRACE_BUFFER_SIZE > 0) into the
-    rank directory, next to our rows: what the backend saw enqueued."""
-    path = getattr(rec, "dir", None)
-    dump = getattr(torch._C._distributed_c10d, "_dump_nccl_trace", None)
-    if path is None or dump is None:
-        return
-    try:
-        data = dump()
-        with open(os.path.join(path, "nccl_flight_recorder.pkl"), "wb") as f:
-            f.write(data)
-    except Exception as exc:   # evidence, never a second failure
-        print(f"ncclscope: rank {rec.rank}: Flight Recorder dump failed: {exc}", file=sys.stderr)

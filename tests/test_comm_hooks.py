@@ -12,6 +12,7 @@ import torch
 
 from ncclscope import schema as S
 from ncclscope.runtime import comm as C
+from ncclscope.runtime import comm_nccl
 from ncclscope.runtime.faults import FaultPlan
 
 pytestmark = pytest.mark.timeout(60)
@@ -188,7 +189,7 @@ def test_nccl_timeout_row_then_the_training_thread_raises(fake_issue: list, monk
     comm, rec, _ = _comm("nccl")
     stuck = threading.Event()
     comm.on_stuck = lambda err: stuck.set()
-    monkeypatch.setattr(C, "STUCK_GRACE_S", 0.05)
+    monkeypatch.setattr(comm_nccl, "STUCK_GRACE_S", 0.05)
     monkeypatch.setattr(C, "ALL_REDUCE", C.ALL_REDUCE._replace(issue=lambda *a: Work(done=False)))
     comm.all_reduce(torch.ones(2), comm.groups["dp0"], timeout_s=0.1)
     deadline = time.monotonic() + 5

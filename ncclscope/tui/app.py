@@ -14,49 +14,39 @@ only renders presenter dataclasses (`model.py`), so it never freezes.
 
 `?` / F1 lists every key, Ctrl+P opens the command palette, `/` filters the
 tab on show (the filter stays visible under the tab until Esc clears it).
+
+This module is the app's frame (tabs, applying models, navigation); the staged
+loading worker is `loading.py`, the per-tab filter `filtering.py`, the tab
+table `tabs.py`.
 """
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from rich.text import Text
-from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static, TabbedContent, TabPane, Tabs
-from textual.worker import get_current_worker
 
 from . import model as M
+from .filtering import FilterMixin
 from .help import HelpScreen
+from .loading import EXIT_UNREADABLE, LoadingMixin, _read_run, analyse  # noqa: F401 - importable from here
 from .screens.collectives import CollectivesView
 from .screens.metrics import MetricsView
 from .screens.overview import OverviewView
 from .screens.rank import RankView, build_rank_detail
 from .screens.ranks import RanksView
 from .screens.timeline import TimelineView
+from .tabs import FOCUS, TAB_TITLES, TABS, VIEWS
 from .widgets.rank_grid import RankGrid
 
-TABS = ("overview", "grid", "rank", "colls", "timeline", "metrics")
-TAB_TITLES = {"overview": ("o", "Overview"), "grid": ("g", "Ranks"), "rank": ("r", "Rank"),
-              "colls": ("c", "Collectives"), "timeline": ("t", "Timeline"), "metrics": ("m", "Metrics")}
-FOCUS = {"overview": "#ov-findings", "grid": "#rg-grid", "rank": "#rk-ops", "colls": "#co-matrix",
-         "timeline": "#tl-box", "metrics": "#mx-table"}
-EXIT_UNREADABLE = 2        # as `ncclscope analyze` on a directory it cannot read
 
-
-def analyse(trace: Any) -> Any:
-    """`ncclscope.analysis.run(trace)`: the one verdict composer (looked up at call time)."""
-    from .. import analysis
-    return analysis.run(trace)
-
-
-class NcclscopeApp(App[None]):
+class NcclscopeApp(LoadingMixin, FilterMixin, App[None]):
     """The TUI. `follow=True` keeps polling the run directory for appended rows; `trace` skips loading."""
 
     CSS_PATH = "app.tcss"
@@ -105,13 +95,11 @@ class NcclscopeApp(App[None]):
     def compose(self) -> ComposeResult:
         yield Header(show_clock=False, icon="")
         with TabbedContent(initial="overview", id="tabs"):
-            views = {"overview": OverviewView, "grid": RanksView, "rank": RankView, "colls": CollectivesView,
-                     "timeline": TimelineView, "metrics": MetricsView}
             ids = {"overview": "ov", "grid": "rg", "rank": "rk", "colls": "co", "timeline": "tl", "metrics": "mx"}
             for tab in TABS:
                 key, title = TAB_TITLES[tab]
                 with TabPane(f"[b]{key}[/b] {title}", id=tab):
-                    yield views[tab](id=ids[tab])
+                    yield VIEWS[tab](id=ids[tab])
         yield Static(id="filter-label")
         yield Input(placeholder="filter (Enter to keep, Esc to clear)", id="filter")
         yield Footer(compact=True, show_command_palette=False)
@@ -134,100 +122,6 @@ class NcclscopeApp(App[None]):
                                 lambda tab=tab: self.action_show_tab(tab))
         yield SystemCommand("Help", "every key of this TUI (? or F1)", self.action_help)
         yield SystemCommand("Clear filter", "clear the filter of the tab on show (Esc)", self.action_clear_filter)
-
-    # ---- loading (thread worker) ----------------------------------------
-    @work(thread=True, exclusive=True, group="load")
-    def load(self) -> None:
-        """Stages, each applied as soon as it is ready; then, with --follow, poll for appended rows."""
-        worker = get_current_worker()
-        progress = self._progress_cb()
-        run = _read_run(self.path)
-        if run.get("world_size") and self._given is None:
-            self._ui(self.apply, M.preliminary_model(self.path, run), None)
-            self._stop.wait(0.15)   # let the UI thread paint the first screen before loading takes the GIL
-        from ..trace import TraceError
-        follower = None
-        try:
-            if self._given is not None:
-                trace = self._given
-            elif self.follow:
-                from .follow import Follower
-                follower = Follower(self.path)
-                progress("reading rank files", 0, None)
-                follower.poll(progress=lambda i, n: progress(f"reading rank files {i}/{n}", i, n))
-                trace = follower.trace()
-            else:
-                from ..ingest import load_any
-                progress(f"loading trace ({run.get('world_size', '?')} ranks)", 1, 3)
-                trace = load_any(self.path)
-        except TraceError as exc:
-            if follower is None:
-                self._ui(self._fail, str(exc))
-                return
-            self._ui(self._set_progress, f"waiting for rank files: {exc}", None, None)
-            trace = None
-        except Exception as exc:  # a reader bug: say so instead of taking the terminal down
-            self._ui(self._fail, f"{type(exc).__name__}: {exc}")
-            return
-        while trace is None and not self._stop.wait(self.poll_s):   # --follow before the first rank dir
-            try:
-                follower.poll()
-                trace = follower.trace()
-            except TraceError:
-                continue
-        if trace is None or worker.is_cancelled:
-            return
-        live = follower is not None and not follower.ended
-        self._ui(self.apply, M.build_run_model(trace, None, live=live, stage="loaded"), trace)
-        progress("analysing", 2, 3)
-        self._analyse(trace, live)
-        progress("", None, None)
-        while follower is not None and not self._stop.wait(self.poll_s) and not worker.is_cancelled:
-            try:
-                # each poll reads only the appended batches; the composer runs at most once per poll
-                if follower.poll():
-                    self._analyse(follower.trace(), not follower.ended)
-            except Exception as exc:  # keep following: the next poll may read a complete file
-                self._ui(self._set_progress, f"follow: {type(exc).__name__}: {str(exc)[:60]}", None, None)
-
-    def _analyse(self, trace: Any, live: bool) -> None:
-        """Compose the verdict (`analysis.run`) and apply it; while a job is live, hold a premature hang."""
-        try:
-            analysis = analyse(trace)
-        except Exception as exc:  # the composer guards each analysis; this is a bug in it: say so
-            self._ui(self._set_progress, f"analysis failed: {type(exc).__name__}: {exc}", None, None)
-            return
-        note = ""
-        if live:
-            from .follow import hold_premature_hang
-            analysis, note = hold_premature_hang(analysis, trace)
-        self.live_note = note
-        model = M.build_run_model(trace, analysis, live=live, stage="ready")
-        self._ui(self.apply, model, trace, analysis)
-
-    def _ui(self, fn: Any, *args: Any) -> None:
-        """call_from_thread that tolerates the app having quit meanwhile."""
-        if self._stop.is_set():
-            return
-        try:
-            self.call_from_thread(fn, *args)
-        except RuntimeError:   # the app exited between the check and the call; else a real bug: raise
-            if self.is_running and not self._stop.is_set():
-                raise
-            self._stop.set()
-
-    def _progress_cb(self) -> Any:
-        def progress(text: str, done: float | None, total: float | None) -> None:
-            self._ui(self._set_progress, text, done, total)
-        return progress
-
-    def _set_progress(self, text: str, done: float | None, total: float | None) -> None:
-        self.query_one(OverviewView).set_progress(text, done, total)
-
-    def _fail(self, message: str) -> None:
-        """The run cannot be opened: leave, and let run_tui print the one-line error (exit 2)."""
-        self.error = message
-        self.exit(return_code=EXIT_UNREADABLE)
 
     # ---- applying a model (UI thread) ------------------------------------
     def apply(self, model: M.RunModel, trace: Any, analysis: Any = None) -> None:
@@ -321,72 +215,6 @@ class NcclscopeApp(App[None]):
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             self.push_screen(HelpScreen(self))
-
-    # ---- filter (one per tab; always visible while set) -------------------------
-    @property
-    def active_tab(self) -> str:
-        return self.query_one(TabbedContent).active
-
-    def action_filter(self) -> None:
-        box = self.query_one("#filter", Input)
-        box.value = self.filters[self.active_tab]
-        box.display = True
-        self.query_one("#filter-label").display = False
-        self.screen.set_focus(box)   # now, not after a refresh: keys typed right after "/" are the filter
-
-    def action_clear_filter(self) -> None:
-        """Esc: close the filter box and clear the filter of the tab on show."""
-        box = self.query_one("#filter", Input)
-        tab = self.active_tab
-        if not (box.display or self.filters[tab]):
-            return
-        self.filters[tab] = ""
-        self._apply_filter(tab, "")
-        self._close_filter_box()
-        self._show_filter_label()
-        self._focus_main(FOCUS[tab])
-
-    def _close_filter_box(self) -> None:
-        box = self.query_one("#filter", Input)
-        if box.display:
-            box.display = False
-            self._show_filter_label()
-
-    def _show_filter_label(self) -> None:
-        text = self.filters[self.active_tab]
-        label = self.query_one("#filter-label", Static)
-        editing = self.query_one("#filter", Input).display
-        label.display = bool(text) and not editing
-        if text:
-            t = Text(no_wrap=True, overflow="ellipsis")
-            t.append(" filter: ", style="bold")
-            t.append(text, style="bold reverse")
-            t.append("  (Esc clears, / edits)", style="dim")
-            label.update(t)
-
-    def on_input_changed(self, event: Input.Changed) -> None:
-        if event.input.id == "filter" and event.input.display:
-            self.filters[self.active_tab] = event.value.strip()
-            self._apply_filter(self.active_tab, event.value)
-
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        if event.input.id == "filter":
-            event.input.display = False
-            self._show_filter_label()
-            self._focus_main(FOCUS[self.active_tab])
-
-    def _apply_filter(self, tab: str, text: str) -> None:
-        view = {"overview": OverviewView, "grid": RanksView, "rank": RankView, "colls": CollectivesView,
-                "timeline": TimelineView, "metrics": MetricsView}[tab]
-        self.query_one(view).set_filter(text)  # type: ignore[attr-defined]
-
-
-def _read_run(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((path / "run.json").read_text(errors="replace"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
 
 
 def _has_rank_dirs(path: Path) -> bool:

@@ -1,0 +1,65 @@
+"""What a begin row says about the call, cheaply: the user's call site (the
+first frame outside comm.py, formatted once per file:line) and a tensor's
+sizes, dtype and bytes (formatted once per shape and dtype). Both run on
+every traced op, so both are caches.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import sys
+from typing import Any
+
+import torch
+
+# the wrapper's frames (Comm's methods, in comm.py) are skipped: the row names the user's line
+_WRAPPER_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "comm.py")
+
+
+@functools.lru_cache(maxsize=4096)
+def _short_path(filename: str) -> str:
+    """Path as a person would quote it: relative to the package or cwd."""
+    marker = os.sep + "runtime" + os.sep
+    if marker in filename:
+        return "runtime/" + filename.split(marker, 1)[1]
+    try:
+        rel = os.path.relpath(filename)
+        return filename if rel.startswith("..") else rel
+    except ValueError:
+        return filename
+
+
+_SITES: dict[tuple[str, int], str] = {}
+
+
+def call_site() -> str:
+    """file:line of the first caller outside comm.py (cheap: a few frames,
+    and the formatted string is cached per call site)."""
+    f: Any = sys._getframe(1)
+    while f is not None and f.f_code.co_filename == _WRAPPER_FILE:
+        f = f.f_back
+    if f is None:
+        return ""
+    key = (f.f_code.co_filename, f.f_lineno)
+    site = _SITES.get(key)
+    if site is None:
+        site = _SITES[key] = f"{_short_path(key[0])}:{key[1]}"
+    return site
+
+
+_META: dict[tuple[Any, Any], tuple[str, str, int]] = {}
+
+
+def _meta(t: torch.Tensor) -> tuple[str, str, int]:
+    """(input_sizes, input_dtypes, bytes) of a tensor, cached per (shape, dtype):
+    the same few shapes recur every step, and formatting them is the costliest
+    part of a begin row."""
+    key = (t.shape, t.dtype)
+    meta = _META.get(key)
+    if meta is None:
+        meta = _META[key] = ("[" + str(list(t.shape)) + "]", str(t.dtype).replace("torch.", ""),
+                             t.numel() * t.element_size())
+    return meta
+
+
+_NO_TENSOR = ("[]", "", 0)
