@@ -121,3 +121,147 @@ def test_recorder_rows_and_meta(tmp_path: Path) -> None:
     assert trace.metrics.iloc[0]["loss"] == 1.5
     # ranks 0..2 have no directory: reported, not fatal
     assert sum("has no directory" in w for w in trace.warnings) == 3
+
+
+# ---- the hot path writes exactly the rows its calls describe ------------------
+def _blank(**fields):
+    row = {name: ("" if pa.types.is_string(t) else -1) for name, t in S.EVENT_FIELDS}
+    row.update(fields)
+    return row
+
+
+def test_every_row_is_what_its_call_says(tmp_path: Path, monkeypatch) -> None:
+    """Each call's row, field by field, against rows written out by hand (a
+    fake clock makes time_ns known): keyword and positional begin, end of an
+    unknown op, instants, spans that raise, the watchdog's suspect row."""
+    from ncclscope.runtime import recorder as R
+    clock = iter(range(10_000, 10**9, 10))
+    monkeypatch.setattr(R, "_time_ns", lambda: next(clock))
+    rec = R.Recorder(tmp_path, 5, 8, flush_interval_s=3600)
+    rec.context.step, rec.context.microbatch, rec.context.stage, rec.context.chunk = 4, 1, 2, 0
+    a = rec.begin("collective", "all_reduce", group="dp0", seq=7, nbytes=64, dtype="float32", sizes="[[16]]",
+                  reduce_op="sum", timeout_ms=5000, call_site="train.py:9", message="m")
+    b = rec.begin("p2p", "isend", "pp0", -1, 3, 6, 11, 8, "int64", "[[1]]", "", 100, "x.py:1", "")
+    rec.end(b, "timeout", "too slow")
+    rec.end(a)
+    rec.end(99, "error", "never begun")
+    rec.instant("marker", "step", message="step 4 begins", status="")
+    rec.context.step = 5
+    with pytest.raises(KeyError):
+        with rec.span("forward"):
+            raise KeyError("k")
+    slow = rec.begin("collective", "all_reduce", group="dp0", seq=8, nbytes=64)
+    rec._inflight[slow] = (rec._inflight[slow][0] - int(60e9), *rec._inflight[slow][1:])
+    rec._watchdog()
+    rec.close()
+    ctx = dict(step=4, microbatch=1, stage=2, chunk=0)
+    expected = [
+        _blank(rank=5, op_id=0, phase="begin", time_ns=10_000, kind="collective", op_name="all_reduce",
+               process_group="dp0", collective_seq_id=7, bytes=64, input_dtypes="float32", input_sizes="[[16]]",
+               reduce_op="sum", timeout_ms=5000, call_site="train.py:9", message="m", **ctx),
+        _blank(rank=5, op_id=1, phase="begin", time_ns=10_010, kind="p2p", op_name="isend", process_group="pp0",
+               p2p_seq_id=3, peer=6, tag=11, bytes=8, input_dtypes="int64", input_sizes="[[1]]", timeout_ms=100,
+               call_site="x.py:1", **ctx),
+        _blank(rank=5, op_id=1, phase="end", time_ns=10_020, op_name="isend", process_group="pp0", step=4,
+               status="timeout", message="too slow"),
+        _blank(rank=5, op_id=0, phase="end", time_ns=10_030, op_name="all_reduce", process_group="dp0",
+               collective_seq_id=7, step=4, status="ok"),
+        _blank(rank=5, op_id=99, phase="end", time_ns=10_040, step=4, status="error", message="never begun"),
+        _blank(rank=5, phase="instant", time_ns=10_050, kind="marker", op_name="step", step=4,
+               message="step 4 begins"),
+        _blank(rank=5, op_id=2, phase="begin", time_ns=10_060, kind="compute", op_name="forward", step=5,
+               microbatch=1, stage=2, chunk=0),
+        _blank(rank=5, op_id=2, phase="end", time_ns=10_070, op_name="forward", step=5, status="error",
+               message="KeyError: 'k'"),
+        _blank(rank=5, op_id=3, phase="begin", time_ns=10_080, kind="collective", op_name="all_reduce",
+               process_group="dp0", collective_seq_id=8, bytes=64, step=5, microbatch=1, stage=2, chunk=0),
+    ]
+    table = read_stream(tmp_path / "rank-00005" / S.EVENTS_FILE, S.EVENTS_SCHEMA, [])
+    rows = [r for r in table.to_pylist() if r["op_name"] != S.HEARTBEAT]
+    suspect = [r for r in rows if r["status"] == S.STATUS_SUSPECT]
+    assert rows[:len(expected)] == expected
+    assert len(suspect) == 1 and suspect[0]["op_id"] == slow and suspect[0]["collective_seq_id"] == 8
+    assert suspect[0]["message"].startswith("in flight 60.0 s; slowest earlier")
+
+
+_INT_VALUES = st.one_of(st.integers(-1, 3), st.integers(-2**31, 2**31 - 1), st.integers(-2**63, 2**63 - 1),
+                        st.none(), st.integers(2**63, 2**64))
+_STR_VALUES = st.one_of(st.sampled_from(["", "ok", "all_reduce", "dp0", "a\x00b", "\x00", "\ud800", "é", "日本"]),
+                        st.text(st.characters(codec=None, exclude_categories=()), max_size=12), st.none(),
+                        st.just(5))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_batch_columns_convert_exactly_like_pa_array(data) -> None:
+    """The flusher's fast conversions (numpy for numbers, one repeated value for
+    a constant column) give the array pa.array gives, or fail where it fails."""
+    from ncclscope.runtime.recorder import _column_converter
+    typ = data.draw(st.sampled_from([pa.int32(), pa.int64(), pa.string(), pa.float64()]))
+    values = {pa.string(): _STR_VALUES,
+              pa.float64(): st.one_of(st.floats(allow_nan=True), st.integers(-2**53, 2**53), st.none())}.get(
+                  typ, _INT_VALUES)
+    col = data.draw(st.one_of(st.lists(values, min_size=1, max_size=40),
+                              values.flatmap(lambda v: st.integers(1, 40).map(lambda n: [v] * n))))
+    try:
+        want = pa.array(col, type=typ)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        with pytest.raises((pa.ArrowException, TypeError, ValueError, OverflowError)):
+            _column_converter(typ)(col, len(col))
+        return
+    got = _column_converter(typ)(col, len(col))
+    assert got.type == typ
+    assert got.to_pylist() == want.to_pylist() or (
+        typ == pa.float64() and [str(v) for v in got.to_pylist()] == [str(v) for v in want.to_pylist()])
+
+
+def test_rows_appended_while_the_flusher_drains_all_arrive_in_order(tmp_path: Path) -> None:
+    """The training thread appends while the flusher takes batches every ms: no
+    row lost, doubled or skewed (each begin/end pair keeps its own fields)."""
+    from ncclscope.runtime.recorder import Recorder
+    rec = Recorder(tmp_path, 0, 1, flush_interval_s=0.001)
+    n = 30_000
+    for i in range(n):
+        op = rec.begin("collective", "all_reduce", group="dp0", seq=i + 1, nbytes=i, call_site=f"f.py:{i % 7}")
+        rec.end(op)
+    rec.close()
+    with pa.ipc.open_stream(str(tmp_path / "rank-00000" / S.EVENTS_FILE)) as reader:
+        batches = list(reader)
+    assert len(batches) > 1
+    table = pa.Table.from_batches(batches)
+    ops = table.filter(pa.compute.not_equal(table["op_name"], S.HEARTBEAT))
+    assert ops.num_rows == 2 * n
+    d = ops.to_pydict()
+    assert d["op_id"] == [i // 2 for i in range(2 * n)]
+    assert d["phase"] == ["begin", "end"] * n
+    assert d["collective_seq_id"] == [i // 2 + 1 for i in range(2 * n)]
+    assert d["bytes"][0::2] == list(range(n)) and set(d["bytes"][1::2]) == {-1}
+    assert d["call_site"][0::2] == [f"f.py:{i % 7}" for i in range(n)]
+    assert d["status"][1::2] == ["ok"] * n
+
+
+def test_a_row_of_the_wrong_width_is_refused(tmp_path: Path) -> None:
+    from ncclscope.runtime.recorder import Recorder
+    rec = Recorder(tmp_path, 0, 1, flush_interval_s=3600)
+    try:
+        with pytest.raises(ValueError, match="values"):
+            rec.metrics.rows.append((0, 1))       # would skew every later row of the stream
+        rec.metric(step=1, loss=2.0)
+        assert len(rec.metrics.rows) == 1 and list(rec.metrics.rows)[0][1] == 1
+    finally:
+        rec.close()
+    assert load(tmp_path).metrics.iloc[0]["loss"] == 2.0
+
+
+def test_a_batch_that_cannot_be_converted_is_dropped_not_kept(tmp_path: Path) -> None:
+    """A bad value fails its own flush (as it always did) and takes only its
+    batch with it: kept, it would make every later flush raise too."""
+    from ncclscope.runtime.recorder import Recorder
+    rec = Recorder(tmp_path, 0, 1, flush_interval_s=3600)
+    rec.metric(step=1, loss="not a number")
+    with pytest.raises((pa.ArrowException, TypeError, ValueError)):
+        rec.flush()
+    rec.metric(step=2, loss=1.0)
+    rec.flush()
+    rec.close()
+    assert list(load(tmp_path).metrics["step"]) == [2]
