@@ -3,6 +3,7 @@ process group whose issue returns a finished work, and a recorder that keeps
 rows in lists. Also the NCCL completion poller, driven by fake works."""
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from typing import Any
@@ -14,6 +15,7 @@ from ncclscope import schema as S
 from ncclscope.runtime import comm as C
 from ncclscope.runtime import comm_nccl
 from ncclscope.runtime.faults import FaultPlan
+from ncclscope.runtime.recorder import Recorder
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -25,8 +27,10 @@ class Rec:
         self.context = type("Ctx", (), {"step": 0, "microbatch": -1, "stage": -1, "chunk": -1})()
         self.stacks = 0
 
-    def begin(self, kind: str, op: str, **kw: Any) -> int:
-        self.begins.append((op, kw))
+    def begin(self, kind: str, op: str, *args: Any, **kw: Any) -> int:
+        """Bound as Recorder.begin binds them (the wrapper passes them positionally on its hot path)."""
+        bound = inspect.signature(Recorder.begin).bind(None, kind, op, *args, **kw).arguments
+        self.begins.append((op, {k: v for k, v in bound.items() if k not in ("self", "kind", "op_name")}))
         return len(self.begins) - 1
 
     def end(self, op_id: int, status: str = S.STATUS_OK, message: str = "") -> None:
