@@ -2,12 +2,18 @@
 
     OMP_NUM_THREADS=1 python benchmarks/ingest.py                 # defaults: 32 FR dumps, 8 profiler traces
     python benchmarks/ingest.py --fr-ranks 64 --fr-entries 2000 --prof-ranks 8 --prof-events 200000
+    # the 1,024-rank Flight Recorder case (issue 11): fr_trace killed if it runs past 120 s
+    OMP_NUM_THREADS=1 python benchmarks/ingest.py --only fr --fr-ranks 1024 --fr-entries 2000 \
+        --fr-skip all_reduce --fr-trace-timeout 120 --max-rss-mib 8000 [--inputs /tmp/fr-inputs]
 
 What it measures, in one run on the same inputs (written to a temp dir first):
 
 1. Flight Recorder: a hung 3D-parallel job (tp x pp x dp, NCCL format 2.10,
-   full 2000-entry ring buffers, p2p between pipeline stages), where one rank
-   skipped a data-parallel all_gather in its last step. Each tool starts in
+   full 2000-entry ring buffers that wrapped, p2p between pipeline stages), where
+   one rank skipped a data-parallel all_gather (or, `--fr-skip all_reduce`, the
+   DDP gradient all_reduce) in its last step. A measurement that runs past its
+   time limit (`--fr-trace-timeout` for fr_trace) or `--max-rss-mib` is killed
+   with its process group and reported as such, never waited on. Each tool starts in
    its own fresh process; we time reading the dumps and naming the culprit
    (imports excluded), and check the culprit each one names:
    - ncclscope: `ingest.load_any` + `analysis.diagnose.diagnose`
@@ -57,8 +63,12 @@ def _mesh(world: int) -> tuple[int, int, int]:
     return tp, 2, world // (tp * 2)
 
 
-def make_fr_dumps(out: Path, world: int, entries: int, culprit: int, seed: int = 0) -> dict:
-    """NCCL-style dumps of a hang: `culprit` skips the dp all_gather of the last step."""
+def make_fr_dumps(out: Path, world: int, entries: int, culprit: int, seed: int = 0, skip: str = "all_gather") -> dict:
+    """NCCL-style dumps of a hang: `culprit` skips the dp all_gather of the last step (ZeRO-style
+    reduce_scatter + all_gather on dp), or with skip="all_reduce" its last DP all_reduce (DDP-style: one
+    gradient all_reduce on dp per step)."""
+    dp_ops = ["all_reduce"] if skip == "all_reduce" else ["_reduce_scatter_base", "_all_gather_base"]
+    skipped = dp_ops[-1]
     rng = random.Random(seed)
     tp, pp, dp = _mesh(world)
     coords = {r: (r % tp, (r // tp) % dp, r // (tp * dp)) for r in range(world)}   # (tp, dp, pp) Megatron order
@@ -80,7 +90,7 @@ def make_fr_dumps(out: Path, world: int, entries: int, culprit: int, seed: int =
     tp_of = add_groups("TENSOR_MODEL_PARALLEL_GROUP", lambda r: (coords[r][1], coords[r][2]))
     dp_of = add_groups("DATA_PARALLEL_GROUP", lambda r: (coords[r][0], coords[r][2]))
     pp_of = add_groups("PIPELINE_MODEL_PARALLEL_GROUP", lambda r: (coords[r][0], coords[r][1]))
-    per_step = 4 + (1 if pp > 1 else 0) + 2
+    per_step = 4 + (1 if pp > 1 else 0) + len(dp_ops)
     steps = entries // per_step + 2
     frames = [{"name": "all_reduce", "filename": "/opt/torch/distributed/distributed_c10d.py", "line": 2801},
               {"name": "train_step", "filename": "/workspace/megatron/training/training.py", "line": 612},
@@ -98,9 +108,10 @@ def make_fr_dumps(out: Path, world: int, entries: int, culprit: int, seed: int =
                     (tp_of[r], "all_reduce", 4)]
             if pp > 1:
                 plan.append((pp_of[r], "send" if stage == 0 else "recv", 5))
-            plan += [(dp_of[r], "_reduce_scatter_base", 6), (dp_of[r], "_all_gather_base", 7)]
+            plan += [(dp_of[r], op, 6 + i) for i, op in enumerate(dp_ops)]
             for pg, op, k in plan:
-                if last and r == culprit and op == "_all_gather_base":
+                on_dp = pg == dp_of[r] and op == skipped
+                if last and r == culprit and on_dp:
                     continue
                 members = groups[pg][1]
                 if op in ("send", "recv"):
@@ -114,7 +125,7 @@ def make_fr_dumps(out: Path, world: int, entries: int, culprit: int, seed: int =
                 n = len(members)
                 n_in, n_out = {"_reduce_scatter_base": (1024 * n, 1024),
                                "_all_gather_base": (1024, 1024 * n)}.get(op, (1024, 1024))
-                stuck = last and op == "_all_gather_base" and coords[r][0] == coords[culprit][0] \
+                stuck = last and on_dp and coords[r][0] == coords[culprit][0] \
                     and coords[r][2] == coords[culprit][2]
                 state = "started" if stuck else "completed"
                 dumps[r].append({
@@ -136,7 +147,8 @@ def make_fr_dumps(out: Path, world: int, entries: int, culprit: int, seed: int =
         dump = {"version": "2.10", "comm_lib_version": "2.21.5", "pg_config": cfg, "pg_status": {},
                 "entries": dumps[r][-entries:]}
         (out / f"nccl_trace_rank_{r}").write_bytes(pickle.dumps(dump, protocol=2))
-    return {"world": world, "tp": tp, "pp": pp, "dp": dp, "entries": entries, "culprit": culprit}
+    return {"world": world, "tp": tp, "pp": pp, "dp": dp, "entries": entries, "culprit": culprit, "skip": skipped,
+            "wrapped": steps * per_step > entries}
 
 
 def make_profiler_traces(out: Path, ranks: int, events: int, seed: int = 0) -> dict:
@@ -284,17 +296,38 @@ def _child(kind: str, path: str) -> dict:
     raise SystemExit(f"unknown child kind {kind}")
 
 
-def run_child(kind: str, path: Path, timeout: float) -> dict:
+def _vm_rss_mib(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
+
+
+def run_child(kind: str, path: Path, timeout: float, max_rss_mib: float = 0.0) -> dict:
+    """Run one measurement in a fresh process group; past `timeout` s (or `max_rss_mib` of resident memory,
+    when set) the whole group is SIGKILLed, so a baseline that hangs or swells never holds the benchmark."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
     proc = subprocess.Popen([sys.executable, __file__, "--child", kind, str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True)
     t0 = time.perf_counter()
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.communicate()
-        return {"error": f"timed out after {timeout:.0f} s"}
+    peak = 0.0
+    while True:
+        try:
+            out, err = proc.communicate(timeout=0.25)
+            break
+        except subprocess.TimeoutExpired:
+            peak = max(peak, _vm_rss_mib(proc.pid))
+            over = max_rss_mib and peak > max_rss_mib
+            if over or time.perf_counter() - t0 > timeout:
+                os.killpg(proc.pid, 9)
+                proc.communicate()
+                why = (f"killed at {peak:.0f} MiB resident (limit {max_rss_mib:.0f})" if over
+                       else f"did not finish within {timeout:.0f} s (killed)")
+                return {"error": why, "killed_after_s": time.perf_counter() - t0, "peak_seen_mib": peak}
     wall = time.perf_counter() - t0
     try:
         res = json.loads(out.strip().splitlines()[-1])
@@ -307,7 +340,8 @@ def run_child(kind: str, path: Path, timeout: float) -> dict:
 
 def _fmt(res: dict) -> str:
     if "time_s" not in res:
-        return f"FAILED: {res.get('error', '?')}"
+        seen = f" (resident memory when stopped: {res['peak_seen_mib']:.0f} MiB)" if res.get("peak_seen_mib") else ""
+        return f"FAILED: {res.get('error', '?')}{seen}"
     extra = res["peak_mib"] - res["base_mib"]
     return (f"CPU {res['cpu_s']:7.2f} s  wall {res['time_s']:7.2f} s   peak RSS {res['peak_mib']:6.0f} MiB "
             f"(+{extra:.0f} over imports)")
@@ -319,7 +353,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fr-entries", type=int, default=2000)
     ap.add_argument("--prof-ranks", type=int, default=8)
     ap.add_argument("--prof-events", type=int, default=100_000)
-    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--fr-skip", choices=("all_gather", "all_reduce"), default="all_gather",
+                    help="the dp collective the culprit skips in its last step: a ZeRO all_gather, or the DDP "
+                         "gradient all_reduce (then dp runs one all_reduce per step)")
+    ap.add_argument("--timeout", type=float, default=600, help="per-measurement limit for ncclscope (killed past it)")
+    ap.add_argument("--fr-trace-timeout", type=float, default=0,
+                    help="limit for PyTorch's fr_trace (default: --timeout); it is killed past it, never waited on")
+    ap.add_argument("--max-rss-mib", type=float, default=0, help="kill a measurement past this resident memory")
+    ap.add_argument("--inputs", default="", help="write the inputs here and reuse them on the next run "
+                                                 "(default: a temporary directory, deleted)")
     ap.add_argument("--only", choices=("fr", "prof"), help="run one half of the benchmark")
     ap.add_argument("--child", nargs=2, metavar=("KIND", "PATH"), help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
@@ -329,9 +371,17 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(res))
         return 0
 
+    culprit = ns.fr_ranks // 2 + 1
+    if ns.inputs:
+        tmpd = Path(ns.inputs)
+        tmpd.mkdir(parents=True, exist_ok=True)
+        if ns.only != "prof":
+            bench_fr(tmpd, ns, culprit)
+        if ns.only != "fr":
+            bench_prof(tmpd, ns)
+        return 0
     with tempfile.TemporaryDirectory(prefix="ncclscope-bench-") as tmp:
         tmpd = Path(tmp)
-        culprit = ns.fr_ranks // 2 + 1
         if ns.only != "prof":
             bench_fr(tmpd, ns, culprit)
         if ns.only != "fr":
@@ -341,21 +391,33 @@ def main(argv: list[str] | None = None) -> int:
 
 def bench_fr(tmpd: Path, ns: argparse.Namespace, culprit: int) -> None:
     t = time.perf_counter()
-    fr = make_fr_dumps(tmpd / "fr", ns.fr_ranks, ns.fr_entries, culprit)
+    fr_dir = tmpd / f"fr-{ns.fr_ranks}-{ns.fr_entries}-{ns.fr_skip}"
+    stamp = fr_dir / "inputs.json"
+    if stamp.exists():
+        fr = json.loads(stamp.read_text())
+        made = "reused"
+    else:
+        fr = make_fr_dumps(fr_dir, ns.fr_ranks, ns.fr_entries, culprit, skip=ns.fr_skip)
+        stamp.write_text(json.dumps(fr))
+        made = f"made in {time.perf_counter() - t:.1f} s"
     print(f"Flight Recorder: {fr['world']} ranks (tp {fr['tp']} x pp {fr['pp']} x dp {fr['dp']}), "
-          f"{fr['entries']} entries per dump, culprit rank {culprit} (made in {time.perf_counter() - t:.1f} s)")
-    ours = run_child("ncclscope-fr", tmpd / "fr", ns.timeout)
-    theirs = run_child("fr_trace", tmpd / "fr", ns.timeout)
+          f"{fr['entries']} entries per dump ({'wrapped ring buffer' if fr.get('wrapped') else 'not wrapped'}), "
+          f"culprit rank {culprit} skips its last dp {fr.get('skip', '_all_gather_base')} ({made})", flush=True)
+    ours = run_child("ncclscope-fr", fr_dir, ns.timeout, ns.max_rss_mib)
+    theirs = run_child("fr_trace", fr_dir, ns.fr_trace_timeout or ns.timeout, ns.max_rss_mib)
     for name, res in (("ncclscope", ours), ("fr_trace ", theirs)):
         named = res.get("culprit")
         verdict = ("names rank " + ",".join(map(str, named)) + (" (correct)" if named == [culprit] else " (WRONG)")
                    if named else "names no culprit")
-        print(f"  {name} {_fmt(res)}   {verdict if 'time_s' in res else ''}")
+        print(f"  {name} {_fmt(res)}   {verdict if 'time_s' in res else ''}", flush=True)
         if res.get("error") and "time_s" in res:
             print(f"            error: {res['error']}")
     if "time_s" in ours and "time_s" in theirs:
         print(f"  speed-up: {theirs['cpu_s'] / ours['cpu_s']:.1f}x CPU time, "
               f"{theirs['time_s'] / ours['time_s']:.1f}x wall time")
+    elif "time_s" in ours and theirs.get("killed_after_s"):
+        print(f"  speed-up: more than {theirs['killed_after_s'] / ours['wall_s']:.1f}x wall time "
+              f"(fr_trace killed unfinished)")
 
 
 def bench_prof(tmpd: Path, ns: argparse.Namespace) -> None:

@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/scale.py                       # 8 ... 16,384 ranks
     python benchmarks/scale.py --sizes 8,64 --events-per-rank 2000     # a quick look
     python benchmarks/scale.py --sizes 1024,4096,16384                 # the sizes the targets name
+    python benchmarks/scale.py --sizes 1024 --profile                  # plus wall/CPU/peak RSS per stage
 
 For each size, benchmarks/synth.py writes a synthetic hung run directory
 (pp x dp x tp mesh, 1F1B, one rank skips a data-parallel all_reduce in the
@@ -45,23 +46,86 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 
-def child(run: str, out: str) -> int:
-    """In the measured process: load, analyze, write the JSON report plus the timings."""
+def child(run: str, out: str, profile: bool = False) -> int:
+    """In the measured process: load, analyze, write the JSON report plus the timings.
+
+    With `profile`, the index views and the hang questions are first built one by one (each
+    timed, with the peak resident memory while it ran, sampled every 20 ms), then the one
+    analysis runs on the warm index: the per-stage rows say where the time and memory go."""
     import resource
     t0 = time.perf_counter()
     from ncclscope.cli import _json_report, run_analyses
     from ncclscope.ingest import load_any
+    stages: list[tuple[str, float, float, float, float]] = []
+    sampler = _Sampler() if profile else None
     t1, c1 = time.perf_counter(), time.process_time()
     trace = load_any(run)
     t2, c2 = time.perf_counter(), time.process_time()
     load_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    load_s, load_cpu = t2 - t1, c2 - c1
+    if sampler is not None:
+        stages.append(("load", load_s, load_cpu, load_peak, _rss_mb(os.getpid())))
+        _stage_line(stages[-1])
+        _profile_stages(trace, sampler, stages)
+        t2, c2 = time.perf_counter(), time.process_time()     # analyze_s: analysis.run on the warm index
     analysis = run_analyses(trace)
     t3, c3 = time.perf_counter(), time.process_time()
     report = _json_report(trace, analysis)
-    report["timing"] = {"import_s": t1 - t0, "load_s": t2 - t1, "analyze_s": t3 - t2,
-                        "load_cpu_s": c2 - c1, "analyze_cpu_s": c3 - c2, "load_peak_mb": load_peak}
+    report["timing"] = {"import_s": t1 - t0, "load_s": load_s, "analyze_s": t3 - t2,
+                        "load_cpu_s": load_cpu, "analyze_cpu_s": c3 - c2, "load_peak_mb": load_peak,
+                        "stages": stages, "analyses_s": getattr(analysis, "timings_s", {})}
     Path(out).write_text(json.dumps(report, default=str))
     return 0
+
+
+class _Sampler:
+    """Peak resident memory between two `start()` calls, sampled by a daemon thread."""
+
+    def __init__(self) -> None:
+        import threading
+        self.peak = 0.0
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            self.peak = max(self.peak, _rss_mb(os.getpid()))
+            time.sleep(0.02)
+
+    def start(self) -> None:
+        self.peak = _rss_mb(os.getpid())
+
+
+def _profile_stages(trace: object, sampler: _Sampler, stages: list) -> None:
+    from ncclscope.analysis.collectives import analyze_collectives
+    from ncclscope.analysis.groups import analyze_groups
+    from ncclscope.analysis.index import index_of
+    from ncclscope.analysis.p2p import analyze_p2p
+    from ncclscope.analysis.schedule_check import analyze_schedule
+    from ncclscope.analysis.waitfor import analyze_waits
+    ix = index_of(trace)
+    steps = [(f"index.{v}", (lambda v=v: getattr(ix, v))) for v in
+             ("coll", "instances", "max_seq", "groups", "missing", "p2p", "p2p_pairs", "end", "step_windows")]
+    steps += [("analyze_collectives", lambda: analyze_collectives(ix)), ("analyze_p2p", lambda: analyze_p2p(ix)),
+              ("analyze_groups", lambda: analyze_groups(ix)), ("analyze_waits", lambda: analyze_waits(ix)),
+              ("analyze_schedule", lambda: analyze_schedule(ix))]
+    from ncclscope.analysis import performance as P
+    steps += [(f"perf.{n}", (lambda f=f: f(trace))) for n, f in
+              (("bubbles", P.analyze_bubbles), ("stragglers", P.analyze_stragglers), ("comm", P.analyze_comm),
+               ("divergence", P.analyze_divergence), ("utilization", P.analyze_utilization), ("moe", P.analyze_moe),
+               ("memory", P.analyze_memory))]
+    for name, fn in steps:
+        sampler.start()
+        t, c = time.perf_counter(), time.process_time()
+        fn()
+        stages.append((name, time.perf_counter() - t, time.process_time() - c, sampler.peak, _rss_mb(os.getpid())))
+        _stage_line(stages[-1])
+
+
+def _stage_line(row: tuple) -> None:
+    """One stage on stderr as it ends: a child killed at the memory limit still says how far it got."""
+    name, w, c, peak, after = row
+    print(f"      {name:24s} wall {w:6.2f} s  cpu {c:6.2f} s  peak {peak:7,.0f} MB  after {after:7,.0f} MB",
+          file=sys.stderr, flush=True)
 
 
 def _rss_mb(pid: int) -> float:
@@ -75,12 +139,14 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-def measure(run: Path, out_json: Path, timeout_s: float, max_rss_mb: float) -> tuple[float, float, int]:
+def measure(run: Path, out_json: Path, timeout_s: float, max_rss_mb: float,
+            profile: bool = False) -> tuple[float, float, int]:
     """(wall s, peak RSS MB, exit code) of the child (load + analyze) in a fresh process."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"),
                PYTHONWARNINGS="ignore::FutureWarning")
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", str(run), str(out_json)],
+    extra = ["--profile"] if profile else []
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", str(run), str(out_json)] + extra,
                             stderr=subprocess.PIPE, cwd=ROOT, env=env, start_new_session=True)
     deadline = t0 + timeout_s
     while True:
@@ -92,6 +158,8 @@ def measure(run: Path, out_json: Path, timeout_s: float, max_rss_mb: float) -> t
             os.killpg(proc.pid, 9)
             pid, status, ru = os.wait4(proc.pid, 0)
             proc.returncode = -9
+            if profile and proc.stderr:          # the stages it finished before it was stopped
+                print(proc.stderr.read().decode(errors="replace")[-4000:], file=sys.stderr, flush=True)
             raise TimeoutError(f"over {max_rss_mb:.0f} MB of memory" if over
                                else f"did not finish in {timeout_s:.0f} s")
         time.sleep(0.05)
@@ -113,10 +181,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout-s", type=float, default=900.0, help="per-size limit for load + analyze")
     ap.add_argument("--max-rss-mb", type=float, default=8_000, help="kill the child past this resident memory")
     ap.add_argument("--run-dir", default="", help="measure this already generated run (one size, kept)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also time each index view and hang question on its own (wall, CPU, peak RSS per stage)")
     ap.add_argument("--child", nargs=2, metavar=("RUN", "OUT"), help=argparse.SUPPRESS)
     ns = ap.parse_args(argv)
     if ns.child:
-        return child(*ns.child)
+        return child(*ns.child, profile=ns.profile)
     import synth
 
     sizes = [int(s) for s in ns.sizes.split(",") if s.strip()]
@@ -136,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
             rows_written = truth.get("events") or sum(_rows(p) for p in run.glob("rank-*/events.arrows"))
             meta = sum(p.stat().st_size for p in (run / "rank-00001").iterdir() if not p.name.endswith(".arrows"))
             size_gb = sum(p.stat().st_size for p in run.rglob("*") if p.is_file()) / 1e9
-            wall, mb, rc = measure(run, tmp / "analyze.json", ns.timeout_s, ns.max_rss_mb)
+            wall, mb, rc = measure(run, tmp / "analyze.json", ns.timeout_s, ns.max_rss_mb, ns.profile)
             report = json.loads((tmp / "analyze.json").read_text())
         except TimeoutError as exc:
             print(f"  {ranks} ranks: {exc}; stopping here", flush=True)
@@ -155,6 +225,11 @@ def main(argv: list[str] | None = None) -> int:
               f"{tm.get('load_cpu_s', 0):.1f}), analyze {tm.get('analyze_s', 0):.1f} s (cpu "
               f"{tm.get('analyze_cpu_s', 0):.1f}), wall {wall:.1f} s, {mb:.0f} MB peak, exit {rc}; "
               f"verdict: {report['verdict'][:100]}", flush=True)
+        for name, w, c, peak, after in tm.get("stages", []):
+            print(f"      {name:24s} wall {w:6.2f} s  cpu {c:6.2f} s  peak {peak:7,.0f} MB  after {after:7,.0f} MB")
+        if tm.get("stages"):
+            shown = sorted(tm.get("analyses_s", {}).items(), key=lambda kv: -kv[1])[:8]
+            print("      analysis.run on the warm index: " + ", ".join(f"{k} {v:.1f} s" for k, v in shown))
 
     print()
     print("| ranks | events | load s | analyze s | wall s | peak MB after load | peak MB | s per M events "

@@ -65,15 +65,16 @@ class _Columns:
         try:
             tables = [pa.concat_tables(pending) if len(pending) > 1 else pending[0]]
         except (pa.ArrowInvalid, pa.ArrowTypeError):   # schemas differ in a detail (nullability): one by one
-            tables = [conform_table(t, self.schema, Path("."), []) for t in pending]
+            tables = [conform_table(t, self.schema, Path("."), [], keep_dictionary=True) for t in pending]
         del pending
         for table in tables:
             self._convert(table)
 
     def _convert(self, table: pa.Table) -> None:
         for fld, col in zip(self.schema, table.columns):
-            chunks = [col.combine_chunks()] if col.num_chunks > 1 else col.chunks
             name = fld.name
+            # dictionary chunks may each have their own dictionary: _codes reads them one by one
+            chunks = col.chunks if (name in self.cats or col.num_chunks <= 1) else [col.combine_chunks()]
             if name in self.cats:
                 self.parts[name].append(self._codes(name, chunks))
             elif pa.types.is_integer(fld.type) or pa.types.is_floating(fld.type):
@@ -97,9 +98,17 @@ class _Columns:
         for c in chunks:
             if not pa.types.is_dictionary(c.type):
                 c = pc.dictionary_encode(c)
-            values = c.dictionary.to_pylist()
-            lut = np.fromiter((d.setdefault("" if v is None else str(v), len(d)) for v in values),
-                              dtype=np.int32, count=len(values))
+                values = c.dictionary.to_pylist()
+                lut = np.fromiter((d.setdefault("" if v is None else str(v), len(d)) for v in values),
+                                  dtype=np.int32, count=len(values))
+            else:   # already encoded: register the values it uses, in order of first use, as encoding would
+                values = c.dictionary.to_pylist()
+                lut = np.zeros(len(values), dtype=np.int32)
+                ind = c.indices.to_numpy(zero_copy_only=False) if not c.indices.null_count else \
+                    c.indices.drop_null().to_numpy(zero_copy_only=False)
+                for i in pd.unique(ind).tolist():
+                    v = values[i]
+                    lut[i] = d.setdefault("" if v is None else str(v), len(d))
             idx = c.indices
             if idx.null_count:
                 lut = np.append(lut, np.int32(d.setdefault("", len(d))))
@@ -131,6 +140,48 @@ class _Columns:
         return pd.DataFrame(cols, copy=False)
 
 
+def conform_table(table: pa.Table, schema: pa.Schema, path: Path, warnings: list[str],
+                  keep_dictionary: bool = False) -> pa.Table:
+    """`table` in `schema`: columns by name (the first of a duplicated name, with
+    a warning), cast where the type differs (nulled, with a warning, where the
+    cast fails), missing ones null. With `keep_dictionary` (the column engine's
+    own input) a dictionary-encoded column of a categorical string field stays
+    encoded: `_Columns` reads its codes instead of hashing every string again."""
+    cols = []
+    names = table.column_names
+    for fld in schema:
+        idx = [i for i, name in enumerate(names) if name == fld.name]
+        if idx:
+            if len(idx) > 1:
+                warnings.append(f"{path}: column {fld.name} appears {len(idx)} times; using the first")
+            col = table.column(idx[0])
+            if keep_dictionary and _encoded_string(col.type, fld):
+                pass
+            elif col.type != fld.type:
+                try:
+                    col = col.cast(fld.type)
+                except (pa.ArrowException, ValueError, TypeError):
+                    warnings.append(f"{path}: column {fld.name} has type {col.type}, expected {fld.type}; nulled")
+                    col = pa.nulls(len(table), fld.type)
+        else:
+            col = pa.nulls(len(table), fld.type)
+        cols.append(col)
+    extra = [n for n in dict.fromkeys(names) if schema.get_field_index(n) < 0]
+    if extra:     # an older file only lacks columns; unknown ones next to missing ones mean a renamed column
+        missing = [f.name for f in schema if f.name not in names]
+        warnings.append(f"{path}: unknown column(s) {', '.join(n[:40] for n in extra[:5])} ignored"
+                        + (f"; missing {', '.join(missing[:5])} read as null" if missing else ""))
+    if keep_dictionary and any(c.type != f.type for c, f in zip(cols, schema)):
+        return pa.Table.from_arrays(cols, schema=pa.schema([f.with_type(c.type) for c, f in zip(cols, schema)],
+                                                           metadata=schema.metadata))
+    return pa.Table.from_arrays(cols, schema=schema)
+
+
+def _encoded_string(typ: pa.DataType, fld: pa.Field) -> bool:
+    return (fld.name in _CATEGORICAL and pa.types.is_string(fld.type) and pa.types.is_dictionary(typ)
+            and pa.types.is_string(typ.value_type))
+
+
 def _columns(tables: "list[pa.Table] | _Columns | None", schema: pa.Schema) -> _Columns:
     """A _Columns from a list of tables, consuming (emptying) the list as it goes."""
     if isinstance(tables, _Columns):
@@ -138,7 +189,7 @@ def _columns(tables: "list[pa.Table] | _Columns | None", schema: pa.Schema) -> _
     out = _Columns(schema)
     for i in range(len(tables or [])):
         t, tables[i] = tables[i], None
-        out.add(conform_table(t, schema, Path("."), []) if t.schema != schema else t)
+        out.add(conform_table(t, schema, Path("."), [], keep_dictionary=True) if t.schema != schema else t)
         del t
     if tables:
         tables.clear()

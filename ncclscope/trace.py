@@ -30,12 +30,10 @@ import pyarrow.ipc
 from . import safe_io
 from . import schema as S
 
-from .columns import _CATEGORICAL, STATUS_INFLIGHT, _aligned, _columns, _Columns, _equals, _fill_ints, _trim, build_ops  # noqa: F401,E501
+from .ingest.errors import TraceError
+from .usertrace.fr_merge import merge_rank
+from .columns import _CATEGORICAL, conform_table, STATUS_INFLIGHT, _aligned, _columns, _Columns, _equals, _fill_ints, _trim, build_ops  # noqa: F401,E501
 from .groupviews import GROUP_ROW_BUDGET, GroupViews, _parse_view  # noqa: F401
-
-
-class TraceError(Exception):
-    """The input cannot be analyzed at all (not a run directory, no rank data)."""
 
 
 @dataclass
@@ -180,35 +178,6 @@ def read_stream(path: Path, schema: pa.Schema, warnings: list[str]) -> pa.Table:
     return conform_table(table, schema, path, warnings)
 
 
-def conform_table(table: pa.Table, schema: pa.Schema, path: Path, warnings: list[str]) -> pa.Table:
-    """`table` in `schema`: columns by name (the first of a duplicated name, with
-    a warning), cast where the type differs (nulled, with a warning, where the
-    cast fails), missing ones null."""
-    cols = []
-    names = table.column_names
-    for fld in schema:
-        idx = [i for i, name in enumerate(names) if name == fld.name]
-        if idx:
-            if len(idx) > 1:
-                warnings.append(f"{path}: column {fld.name} appears {len(idx)} times; using the first")
-            col = table.column(idx[0])
-            if col.type != fld.type:
-                try:
-                    col = col.cast(fld.type)
-                except (pa.ArrowException, ValueError, TypeError):
-                    warnings.append(f"{path}: column {fld.name} has type {col.type}, expected {fld.type}; nulled")
-                    col = pa.nulls(len(table), fld.type)
-        else:
-            col = pa.nulls(len(table), fld.type)
-        cols.append(col)
-    extra = [n for n in dict.fromkeys(names) if schema.get_field_index(n) < 0]
-    if extra:     # an older file only lacks columns; unknown ones next to missing ones mean a renamed column
-        missing = [f.name for f in schema if f.name not in names]
-        warnings.append(f"{path}: unknown column(s) {', '.join(n[:40] for n in extra[:5])} ignored"
-                        + (f"; missing {', '.join(missing[:5])} read as null" if missing else ""))
-    return pa.Table.from_arrays(cols, schema=schema)
-
-
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text[:200]
@@ -350,7 +319,7 @@ def load(path: str | os.PathLike[str]) -> Trace:
         elif isinstance(meta.get("groups"), list):   # traces written before groups.json
             views.add(r, meta["groups"], warnings, d / S.RANK_JSON)
         ev = read_stream(d / S.EVENTS_FILE, S.EVENTS_SCHEMA, warnings)
-        from .usertrace.fr_merge import merge_rank; ev = merge_rank(d, ev, warnings)  # noqa: E702  (ncclscope run: Flight Recorder-only ops)
+        ev = merge_rank(d, ev, warnings)      # ncclscope run: Flight Recorder-only ops (none without a dump)
         if not (d / S.EVENTS_FILE).exists():
             warnings.append(f"{d / S.EVENTS_FILE}: missing (the rank wrote no events)")
         event_tables.add(force_rank(ev, r))

@@ -273,3 +273,26 @@ def test_a_4096_rank_hang_is_diagnosed_in_budget_and_names_the_skipper():
     assert h.instance is not None and (h.instance.group, h.instance.seq) == ("dp2", 2)
     assert h.wait is not None and len(h.wait.waiting_ranks) == 4095
     assert len(index_of(trace).groups) == 4096 // 8 + 8 + 1
+
+
+def test_collective_wait_edges_are_the_merge_of_waiters_and_absent_members_without_it():
+    # waitgraph._expand must give exactly the rows (and order) of b.merge(m, on=(group, seq)), minus self-edges,
+    # "not begun" first; strings as categoricals (a 16,384-rank world barrier is 4.1 M edges)
+    from ncclscope.analysis.waitgraph import EDGE_COLUMNS, _expand
+    rng = np.random.default_rng(3)
+    b = pd.DataFrame({"waiter": rng.integers(0, 40, 60), "process_group": rng.choice(["dp0", "tp1", "world"], 60),
+                      "seq": rng.integers(1, 4, 60), "op_name": rng.choice(["all_reduce", "barrier"], 60),
+                      "op_id": np.arange(60), "start_ns": rng.integers(0, 10**9, 60), "status": "inflight",
+                      "peer": -1, "tag": -1})
+    m = pd.DataFrame({"process_group": rng.choice(["dp0", "tp1", "world"], 30), "seq": rng.integers(1, 4, 30),
+                      "member": rng.integers(0, 40, 30), "n_members": 8, "n_began": rng.integers(0, 8, 30),
+                      "reason": rng.choice(["not begun", "died in it"], 30)})
+    e = b.merge(m, on=["process_group", "seq"])
+    e = e[e["member"] != e["waiter"]]
+    e = pd.concat([e[e["reason"] == "not begun"], e[e["reason"] != "not begun"]])
+    want = e.rename(columns={"member": "target"}).assign(via="collective")[EDGE_COLUMNS].reset_index(drop=True)
+    got = _expand(b, m)
+    assert list(got.columns) == EDGE_COLUMNS and len(got) == len(want) > 0
+    for c in EDGE_COLUMNS:
+        assert got[c].astype(str).tolist() == want[c].astype(str).tolist(), c
+    assert isinstance(got["process_group"].dtype, pd.CategoricalDtype) and got["waiter"].dtype == np.int64

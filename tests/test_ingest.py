@@ -679,3 +679,17 @@ def test_profiler_pipeline_annotations_feed_bubble_analysis(tmp_path):
     res = analyze_bubbles(trace)
     assert res.p == 2 and res.m == 4 and len(res.steps) == 3
     assert 0.0 < res.measured < 1.0
+
+
+def test_the_loader_and_its_flight_recorder_merge_import_one_way():
+    # trace.load -> usertrace.fr_merge -> ingest.{fr_read, vocab, errors}: none of those imports the loader back
+    # (a lazy trace -> fr_merge -> ingest -> trace cycle was here); TraceError is one class wherever it is imported
+    import subprocess
+    import sys
+    code = ("import sys, ncclscope.usertrace.fr_merge\n"
+            "bad = sorted(m for m in sys.modules if m in ('ncclscope.trace', 'ncclscope.ingest.detect',"
+            " 'ncclscope.ingest.flight_recorder'))\n"
+            "assert not bad, bad\n"
+            "import ncclscope.trace as t, ncclscope.ingest.errors as e, ncclscope.ingest.safe_pickle as p\n"
+            "assert t.TraceError is e.TraceError and issubclass(p.UnsafePickleError, t.TraceError)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)

@@ -57,6 +57,20 @@ def collective_ops(ops: pd.DataFrame) -> pd.DataFrame:
     `gid`, an int code of the group for fast grouping on millions of rows."""
     kind = ops["kind"]
     mask = (kind == S.KIND_COLLECTIVE).to_numpy() & (ops["collective_seq_id"].to_numpy() >= 0)
+    pg = ops["process_group"]
+    if isinstance(pg.dtype, pd.CategoricalDtype):
+        # rows without a group go before anything is copied; the group code comes from the category codes
+        # (numbered in order of first appearance, as factorizing the decoded strings numbers them)
+        codes = pg.cat.codes.to_numpy()
+        named = np.asarray([str(c) != "" for c in pg.cat.categories] + [False])   # code -1 (null) -> ""
+        mask = mask & named[codes]
+        rows = np.flatnonzero(mask)
+        gid = pd.factorize(codes[rows])[0].astype(np.int64)
+        out = pd.DataFrame({c: plain_str(ops[c].iloc[rows]).reset_index(drop=True) if c in STR_COLUMNS
+                            else ops[c].to_numpy()[rows] for c in COLL_COLUMNS})
+        out["rank"] = out["rank"].astype("int64")
+        out["gid"] = gid
+        return out
     sub = ops.loc[mask, COLL_COLUMNS]
     out = pd.DataFrame({c: plain_str(sub[c]) if c in STR_COLUMNS else sub[c] for c in COLL_COLUMNS})
     out["rank"] = out["rank"].astype("int64")

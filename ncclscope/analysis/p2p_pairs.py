@@ -34,6 +34,15 @@ def direction(op_name: pd.Series) -> np.ndarray:
     return np.where(name.str.endswith("recv"), "recv", np.where(name.str.endswith("send"), "send", ""))
 
 
+def _is_send_or_recv(op_name: pd.Series) -> np.ndarray:
+    """direction(op_name) != "" as a bool array; on a categorical decided per category (no string per row)."""
+    if isinstance(op_name.dtype, pd.CategoricalDtype):
+        cats = pd.Series(op_name.cat.categories.astype(str))
+        per_cat = np.append(direction(cats) != "", False) if len(cats) else np.zeros(1, dtype=bool)
+        return per_cat[op_name.cat.codes.to_numpy()]          # code -1 (null) -> the appended False
+    return direction(op_name) != ""
+
+
 def _categorical(s: pd.Series) -> pd.Categorical:
     """A string column as a categorical with "" for nulls: merges and row selections on millions of
     p2p rows move int codes instead of strings. Built from codes: nothing is decoded per row."""
@@ -53,6 +62,8 @@ def p2p_ops(ops: pd.DataFrame) -> pd.DataFrame:
     """The p2p ops with `direction`, `src`, `dst`, `seq` (int64); string columns are categoricals
     ("" for nulls: compare them with strings, use .astype(str) on small subsets)."""
     mask = (ops["kind"] == S.KIND_P2P).to_numpy()
+    # rows that are no send/recv, or have no peer, go before anything is copied
+    mask = mask & _is_send_or_recv(ops["op_name"]) & (ops["peer"].to_numpy() >= 0)
     sub = ops.loc[mask, ["rank", "op_id", "op_name", "process_group", "peer", "tag", "p2p_seq_id", "status",
                          "start_ns", "end_ns", "input_sizes", "step", "microbatch", "stage", "call_site"]]
     out = pd.DataFrame({

@@ -108,9 +108,10 @@ def observed_tokens(ops: pd.DataFrame, pp_of: dict[int, int]) -> pd.DataFrame:
     cols = ["rank", "step", "op_id", "kind", "op_name", "peer", "stage", "microbatch", "start_ns", "call_site",
             "status"]
     sel = (ops["step"].to_numpy() >= 0) & (ops["stage"].to_numpy() >= 0) & (ops["microbatch"].to_numpy() >= 0)
-    kind = ops["kind"].astype(str).to_numpy()
-    is_comp = (kind == S.KIND_COMPUTE) & ops["op_name"].astype(str).isin(list(COMPUTE_KIND)).to_numpy()
-    is_p2p = kind == S.KIND_P2P
+    # compare the categoricals as they are: decoding 10 M strings to test them costs seconds and GBs
+    kind = ops["kind"]
+    is_comp = (kind == S.KIND_COMPUTE).to_numpy() & ops["op_name"].isin(list(COMPUTE_KIND)).to_numpy()
+    is_p2p = (kind == S.KIND_P2P).to_numpy()
     sub = ops.loc[sel & (is_comp | is_p2p), cols].copy()
     extra = {"what": pd.Series(dtype=object), "peer_pp": pd.Series(dtype="int64"), "pos": pd.Series(dtype="int64")}
     if not len(sub):

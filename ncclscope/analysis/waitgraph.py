@@ -13,8 +13,10 @@ Then the graph is cut into strongly connected components (Tarjan, iterative)
 and every waiting chain is followed to where it ends: a cycle (a component of
 more than one rank) or a single rank that waits on nobody. `WaitGraph` holds
 the edges, the components and, per terminal component, the ranks whose chains
-end there; waitfor.py turns each terminal into a finding. Vectorised: edges
-are pandas merges; only the graph walk is Python, over ranks, not events.
+end there; waitfor.py turns each terminal into a finding. Vectorised: a
+collective's edges (its waiters x its absent members) are built from index
+arrays, strings as categoricals (a world barrier at 16,384 ranks is 4.1 M
+edges); only the graph walk is Python, over ranks, not events.
 """
 from __future__ import annotations
 
@@ -65,12 +67,63 @@ def collective_edges(blocking: pd.DataFrame, coll: pd.DataFrame, members: pd.Dat
         m = m[~m["began"]]
     if not len(m):
         return pd.DataFrame(columns=EDGE_COLUMNS)
-    e = b[["waiter", "process_group", "seq", "op_name", "op_id", "start_ns", "status", "peer", "tag"]].merge(
-        m[["process_group", "seq", "member", "n_members", "n_began", "reason"]], on=["process_group", "seq"])
-    e = e[e["member"].to_numpy() != e["waiter"].to_numpy()]
-    e = pd.concat([e[e["reason"] == "not begun"], e[e["reason"] != "not begun"]])
-    e = e.rename(columns={"member": "target"}).assign(via=S.KIND_COLLECTIVE)
-    return e[EDGE_COLUMNS].reset_index(drop=True)
+    return _expand(b, m)
+
+
+STR_EDGE_COLUMNS = ("via", "op_name", "process_group", "status", "reason")
+
+
+def _codes(values: pd.Series) -> tuple[np.ndarray, list[str]]:
+    """A small string column as (int codes, categories in sorted order)."""
+    codes, cats = pd.factorize(values.astype(str).to_numpy(dtype=object), sort=True)
+    return codes, [str(c) for c in cats]
+
+
+def _expand(b: pd.DataFrame, m: pd.DataFrame) -> pd.DataFrame:
+    """Waiters x absent members of each instance, as the rows of `b.merge(m, on=(group, seq))` (left order,
+    then right order), without the merge's intermediate frames: a world barrier with 16,128 waiters and 255
+    absent ranks is 4.1 M edges, built here from index arrays; the string columns are categoricals
+    (one byte a row instead of a string), the ints int64 as before."""
+    inst = m[["process_group", "seq"]].drop_duplicates().reset_index(drop=True)
+    if not len(inst):
+        return pd.DataFrame(columns=EDGE_COLUMNS)
+    inst["iid"] = np.arange(len(inst), dtype=np.int64)
+    b_iid = b[["process_group", "seq"]].merge(inst, on=["process_group", "seq"], how="left")["iid"].to_numpy()
+    m_iid = m[["process_group", "seq"]].merge(inst, on=["process_group", "seq"], how="left")["iid"].to_numpy()
+    has = ~pd.isna(b_iid)
+    b_rows = np.flatnonzero(has)
+    b_iid = b_iid[has].astype(np.int64)
+    m_order = np.argsort(m_iid.astype(np.int64), kind="stable")
+    counts = np.bincount(m_iid.astype(np.int64), minlength=len(inst))
+    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    per = counts[b_iid]
+    left = np.repeat(b_rows, per)                                   # row of b, once per target
+    # position of each edge inside its instance's target list: 0..count-1
+    first = np.cumsum(per) - per
+    within = np.arange(len(left), dtype=np.int64) - np.repeat(first, per)
+    right = m_order[np.repeat(starts[b_iid], per) + within]         # row of m
+    waiter = b["waiter"].to_numpy(np.int64)[left]
+    target = m["member"].to_numpy(np.int64)[right]
+    keep = target != waiter
+    left, right, waiter, target = left[keep], right[keep], waiter[keep], target[keep]
+    reason_codes, reason_cats = _codes(m["reason"])
+    rc = reason_codes[right]
+    nb = reason_cats.index("not begun") if "not begun" in reason_cats else -1
+    order = np.concatenate([np.flatnonzero(rc == nb), np.flatnonzero(rc != nb)])   # "not begun" first, stable
+    left, right, waiter, target, rc = left[order], right[order], waiter[order], target[order], rc[order]
+    cols: dict[str, object] = {"waiter": waiter, "target": target,
+                               "via": pd.Categorical.from_codes(np.zeros(len(left), dtype=np.int8),
+                                                                categories=[S.KIND_COLLECTIVE])}
+    for c in ("op_name", "process_group", "seq", "peer", "tag", "op_id", "start_ns", "status"):
+        if c in ("op_name", "process_group", "status"):
+            codes, cats = _codes(b[c])
+            cols[c] = pd.Categorical.from_codes(codes[left], categories=cats)
+        else:
+            cols[c] = b[c].to_numpy(np.int64)[left]
+    cols["reason"] = pd.Categorical.from_codes(rc, categories=reason_cats)
+    cols["n_began"] = m["n_began"].to_numpy(np.int64)[right]
+    cols["n_members"] = m["n_members"].to_numpy(np.int64)[right]
+    return pd.DataFrame({c: cols[c] for c in EDGE_COLUMNS})
 
 
 def p2p_edges(blocking: pd.DataFrame, p2p: pd.DataFrame, dead: pd.Series) -> pd.DataFrame:
@@ -207,12 +260,27 @@ def _arcs(edges: pd.DataFrame) -> dict[int, list[int]]:
     return {int(src[i]): dst[i:j].tolist() for i, j in zip(cut, np.r_[cut[1:], len(src)])}
 
 
+def _concat(parts: list[pd.DataFrame]) -> pd.DataFrame:
+    """Edge frames one under the other, string columns as categoricals over the union of their values
+    (pandas would turn categoricals with different categories into object columns)."""
+    parts = [p for p in parts if len(p)]
+    if not parts:
+        return pd.DataFrame(columns=EDGE_COLUMNS)
+    for c in STR_EDGE_COLUMNS:
+        values = [p[c].cat.categories if isinstance(p[c].dtype, pd.CategoricalDtype) else p[c].astype(str).unique()
+                  for p in parts]
+        cats = sorted({str(v) for vs in values for v in vs})
+        parts = [p.assign(**{c: pd.Categorical(p[c] if isinstance(p[c].dtype, pd.CategoricalDtype)
+                                               else p[c].astype(str), categories=cats)}) for p in parts]
+    return pd.concat(parts, ignore_index=True) if len(parts) > 1 else parts[0].reset_index(drop=True)
+
+
 def wait_edges(ix: TraceIndex) -> pd.DataFrame:
     """Every wait-for edge of the live blocked ranks, oldest wait first."""
     trace, st, blocking = ix.trace, ix.rank_states, ix.blocking
     dead = st["dead"]
-    edges = pd.concat([collective_edges(blocking, ix.coll, ix.member_table, dead, ix.max_seq),
-                       p2p_edges(blocking, ix.p2p, dead)], ignore_index=True)
+    edges = _concat([collective_edges(blocking, ix.coll, ix.member_table, dead, ix.max_seq),
+                     p2p_edges(blocking, ix.p2p, dead)])
     edges = edges[~edges["waiter"].map(dead).fillna(False).astype(bool)
                   & edges["target"].between(0, trace.world_size - 1)]
     return edges.sort_values(["start_ns", "waiter", "target"], kind="stable").reset_index(drop=True)

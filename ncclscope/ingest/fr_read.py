@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from .. import safe_io
-from ..trace import TraceError
+from .errors import TraceError
 from .safe_pickle import safe_loads
 from .vocab import dtype_itemsize, normalize_dtype
 
@@ -169,6 +169,27 @@ def _site(filename: str, line: Any) -> str:
     return f"{_short_path(filename)}:{_int(line, 0)}"
 
 
+def _call_sites(all_frames: Any) -> list[str]:
+    """call_site of each entry's frames; once per frames object (a dump that shares one stack
+    list between entries, or repeats a stack object, costs one walk per distinct object)."""
+    seen: dict[int, str] = {}
+    out = []
+    for f in all_frames:
+        k = id(f)
+        site = seen.get(k)
+        if site is None:
+            site = seen[k] = call_site(f)
+        out.append(site)
+    return out
+
+
+def _objects(values: Any) -> np.ndarray:
+    """A 1-d object array of `values` (tuples stay elements, not rows)."""
+    arr = np.empty(len(values), dtype=object)
+    arr[:] = values
+    return arr
+
+
 def format_stack(frames: Any) -> str:
     """A Python-traceback-style rendering (outermost first) of FR frames."""
     if not isinstance(frames, (list, tuple)):
@@ -224,6 +245,9 @@ def _factorize(values: list[Any]) -> tuple[np.ndarray, list[str]]:
     return codes.astype(np.int64), ["" if u is None else safe_io.clean_text(u) for u in uniq]
 
 
+_CODED = ("pg_name", "pg_desc", "pname", "state", "thread", "site", "size_text", "dtype_text")
+
+
 class Entries:
     """All entries of all ranks as columns: numbers as int64 arrays, strings as
     codes into small tables (a job has few distinct group names, op names,
@@ -242,6 +266,10 @@ class Entries:
             "pg_desc", "pname", "state", "thread", "site", "size_text", "dtype_text", "nbytes")}
         self.frames: dict[tuple[int, int], Any] = {}     # (rank, record_id) -> frames, unfinished entries only
         self._bytes_cache: dict[tuple[str, str], tuple[str, int]] = {}
+        # string fields are coded per dump as it is added (codes into one table per field, in order of first
+        # appearance over all dumps, as one factorize of everything would number them): what stays between
+        # dumps is int codes, not millions of str objects (1,024 dumps x 2,000 entries: ~1 GB of them)
+        self._tables: dict[str, dict[Any, int]] = {k: {} for k in _CODED}
 
     def add(self, rank: int, entries: list[Any]) -> None:
         """Reduce one rank's entries. All or nothing: a dump that fails part-way
@@ -270,31 +298,59 @@ class Entries:
         new["started"].append(_ints(c["time_discovered_started_ns"], 0))
         new["completed_ns"].append(_ints(c["time_discovered_completed_ns"], 0))
         new["timeout_ms"].append(_ints(c["timeout_ms"], -1))
-        new["is_p2p"].append(np.array([bool(v) for v in c["is_p2p"]], dtype=bool))
+        flags = c["is_p2p"]
+        try:
+            plain = {type(v) for v in set(flags)} <= {bool, type(None)}      # as torch writes it
+        except TypeError:                                                  # an unhashable flag
+            plain = False
+        new["is_p2p"].append(_objects(flags).astype(bool) if plain else
+                             np.array([bool(v) for v in flags], dtype=bool))
         states = _texts(c["state"])
         for key, values in (("pg_name", pg_name), ("pg_desc", pg_desc), ("pname", c["profiling_name"]),
                             ("state", states), ("thread", c["thread_id"])):
             new[key].extend(_texts(values))
-        new["site"].extend(call_site(f) for f in c["frames"])
+        new["site"].extend(_call_sites(c["frames"]))
         texts = [_size_text(sz) for sz in c["input_sizes"]]
+        # bytes and dtypes once per distinct (sizes text, dtypes) pair, not once per entry
+        dts = c["input_dtypes"]
+        dkeys = [tuple(dt) if type(dt) is list else dt for dt in dts]
+        try:
+            pair_code, pairs = pd.factorize(_objects(list(zip(texts, dkeys))))
+            n_pairs = len(pairs)
+        except (TypeError, ValueError):            # an unhashable dtype field: one key per entry
+            pair_code, n_pairs = np.arange(n), n
         cache = self._bytes_cache
-        dtypes_out, nbytes = [], np.zeros(n, np.int64)
-        for i, (text, sz, dt) in enumerate(zip(texts, c["input_sizes"], c["input_dtypes"])):
+        firsts = np.full(n_pairs, -1, np.int64)
+        firsts[pair_code[::-1]] = np.arange(n - 1, -1, -1)          # first entry of each distinct pair
+        hits = []
+        for i in firsts.tolist():
+            text, sz, dt = texts[i], c["input_sizes"][i], dts[i]
             key = (text, _text(dt) if not isinstance(dt, (list, tuple)) else _size_text(dt))
             hit = cache.get(key)
             if hit is None:
                 hit = cache[key] = _dtype_and_bytes(sz, tuple(dt) if isinstance(dt, (list, tuple)) else (dt,))
-            dtypes_out.append(hit[0])
-            nbytes[i] = hit[1]
+            hits.append(hit)
+        dtypes_out = np.array([h[0] for h in hits], dtype=object)[pair_code].tolist()
+        nbytes = np.array([h[1] for h in hits], dtype=np.int64)[pair_code]
         new["size_text"].extend(texts)
         new["dtype_text"].extend(dtypes_out)
         new["nbytes"].append(nbytes)
         frames = {}
-        for i, (st, fr) in enumerate(zip(states, c["frames"])):
-            if st != "completed" and fr:
+        pending = np.flatnonzero(_objects(states) != "completed")       # the frames kept: unfinished entries only
+        all_frames = c["frames"]
+        for i in pending.tolist():
+            fr = all_frames[i]
+            if fr:
                 frames[(rank, int(record[i]))] = fr
+        local = {key: pd.factorize(_objects(new[key]), use_na_sentinel=False) for key in _CODED}
         for key, values in new.items():     # nothing failed: commit
-            self._parts[key].extend(values)
+            if key in local:
+                codes, uniq = local[key]
+                table = self._tables[key]
+                lut = np.array([table.setdefault(u, len(table)) for u in uniq], dtype=np.int64)
+                self._parts[key].append(lut[codes] if len(codes) else np.zeros(0, np.int64))
+            else:
+                self._parts[key].extend(values)
         self.frames.update(frames)
 
     def finish(self) -> "Entries":
@@ -308,14 +364,19 @@ class Entries:
         self.created, self.started = cat("created", np.int64), cat("started", np.int64)
         self.completed_ns, self.timeout_ms = cat("completed_ns", np.int64), cat("timeout_ms", np.int64)
         self.is_p2p, self.nbytes = cat("is_p2p", bool), cat("nbytes", np.int64)
-        self.pg_code, self.pg_names = _factorize(parts["pg_name"])
-        self.desc_code, self.descs = _factorize(parts["pg_desc"])
-        self.pn_code, self.pnames = _factorize(parts["pname"])
-        self.state_code, self.states = _factorize(parts["state"])
-        self.thread_code, self.threads = _factorize(parts["thread"])
-        self.site_code, self.sites = _factorize(parts["site"])
-        self.size_code, self.size_texts = _factorize(parts["size_text"])
-        self.dtype_code, self.dtype_texts = _factorize(parts["dtype_text"])
+        def codes(key: str) -> tuple[np.ndarray, list[str]]:
+            table = ["" if u is None else safe_io.clean_text(u) for u in self._tables[key]]
+            return cat(key, np.int64), table
+
+        self.pg_code, self.pg_names = codes("pg_name")
+        self.desc_code, self.descs = codes("pg_desc")
+        self.pn_code, self.pnames = codes("pname")
+        self.state_code, self.states = codes("state")
+        self.thread_code, self.threads = codes("thread")
+        self.site_code, self.sites = codes("site")
+        self.size_code, self.size_texts = codes("size_text")
+        self.dtype_code, self.dtype_texts = codes("dtype_text")
+        self._tables = {}
         self._parts = {}
         return self
 

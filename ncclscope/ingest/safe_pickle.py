@@ -27,7 +27,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from ..trace import TraceError
+from .errors import TraceError
 
 
 class UnsafePickleError(TraceError):

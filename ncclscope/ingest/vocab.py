@@ -223,22 +223,36 @@ def _parse_ranks(value: Any) -> tuple[int, ...] | None:
 # --------------------------------------------------------------------------
 # events table
 # --------------------------------------------------------------------------
-def coded(codes: np.ndarray, table: list[str] | np.ndarray) -> pa.Array:
+def coded(codes: np.ndarray, table: list[str] | np.ndarray, decode: bool = True) -> pa.Array:
     """A string column from integer codes into a small table of distinct values,
-    expanded by Arrow (C++) instead of through a Python object array."""
+    expanded by Arrow (C++) instead of through a Python object array; with
+    decode=False the dictionary array itself (for `events_table(..., dictionary=True)`)."""
     dictionary = pa.array(list(table), type=pa.string())
-    return pa.DictionaryArray.from_arrays(pa.array(np.asarray(codes, dtype=np.int32)), dictionary).dictionary_decode()
+    arr = pa.DictionaryArray.from_arrays(pa.array(np.asarray(codes, dtype=np.int32)), dictionary)
+    return arr.dictionary_decode() if decode else arr
 
 
-def events_table(columns: Mapping[str, Any], n: int) -> pa.Table:
+def events_table(columns: Mapping[str, Any], n: int, dictionary: bool = False) -> pa.Table:
     """An Arrow table in EVENTS_SCHEMA with `n` rows from the given columns
     (arrays, lists, scalars, or Arrow arrays such as `coded(...)`); missing
-    columns get -1 / ""."""
+    columns get -1 / "".
+
+    dictionary=True: string columns given as dictionary arrays (`coded(..., decode=False)`)
+    and the constant ones stay dictionary-encoded (the table's schema says so). Only
+    for tables that go straight to `trace.assemble`, whose column engine reads the
+    codes as they are: a million-entry Flight Recorder load then never writes out, and
+    hashes back, millions of repeated strings."""
     arrays = []
     for name, dtype in S.EVENT_FIELDS:
         value = columns.get(name)
         if isinstance(value, (pa.Array, pa.ChunkedArray)):
-            arrays.append(value.cast(dtype) if value.type != dtype else value)
+            if dictionary and pa.types.is_dictionary(value.type) and pa.types.is_string(dtype):
+                arrays.append(value)
+            else:
+                arrays.append(value.cast(dtype) if value.type != dtype else value)
+        elif dictionary and pa.types.is_string(dtype) and (value is None or np.ndim(value) == 0):
+            arrays.append(pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)),
+                                                         pa.array(["" if value is None else str(value)])))
         elif pa.types.is_integer(dtype):
             if value is None:
                 arr = np.full(n, -1, dtype=np.int64)
@@ -257,4 +271,7 @@ def events_table(columns: Mapping[str, Any], n: int) -> pa.Table:
             else:
                 arr = pa.array(np.asarray(value, dtype=object), type=pa.string())
             arrays.append(arr)
+    if dictionary:
+        fields = [pa.field(name, a.type) for (name, _), a in zip(S.EVENT_FIELDS, arrays)]
+        return pa.Table.from_arrays(arrays, schema=pa.schema(fields, metadata=S.EVENTS_SCHEMA.metadata))
     return pa.Table.from_arrays(arrays, schema=S.EVENTS_SCHEMA)

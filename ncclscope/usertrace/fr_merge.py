@@ -41,6 +41,10 @@ import numpy as np
 import pyarrow as pa
 
 from .. import schema as S
+from ..ingest.errors import TraceError
+from ..ingest.fr_read import _dtype_and_bytes as fr_dtype_and_bytes
+from ..ingest.fr_read import read_dump
+from ..ingest.vocab import events_table, normalize_op
 
 FR_FILE = "flight_recorder.pkl"
 FR_NCCL_PREFIX = "flight_recorder_nccl_"
@@ -133,15 +137,10 @@ def _int(v: Any, default: int = -1) -> int:
 
 def _dtype_and_bytes(sizes: Any, dtypes: Any) -> tuple[str, int]:
     """(dtypes, bytes) of an FR entry, computed as the FR ingest does (bounded against hostile values)."""
-    from ..ingest.fr_read import _dtype_and_bytes as fr_dtype_and_bytes
     return fr_dtype_and_bytes(sizes, tuple(dtypes) if isinstance(dtypes, (list, tuple)) else (dtypes,))
 
 
 def _read_dump(path: Path) -> dict[str, Any]:
-    try:
-        from ..ingest.fr_read import read_dump
-    except ImportError:
-        from ..ingest.flight_recorder import read_dump  # type: ignore[attr-defined,no-redef]
     return read_dump(path, "pickle" if path.name == FR_FILE else None)
 
 
@@ -150,8 +149,6 @@ def merge_rank(rank_dir: Path, events: pa.Table, warnings: list[str]) -> pa.Tabl
     path = dump_path(rank_dir)
     if path is None:
         return events
-    from ..ingest import events_table, normalize_op
-    from ..trace import TraceError
     try:
         dump = _read_dump(path)
     except TraceError as exc:
