@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/accuracy.py                 # the full seeded matrix
     OMP_NUM_THREADS=1 python benchmarks/accuracy.py --limit 12      # the first 12 drills only
     OMP_NUM_THREADS=1 python benchmarks/accuracy.py --seed 7 --out /tmp/acc
+    python benchmarks/accuracy.py --reanalyze /tmp/acc                  # judge kept run dirs again, no jobs
 
 A seeded matrix of real jobs: every `--inject` kind that applies to a layout x
 layouts (dp, tp, pp gpipe / 1f1b / interleaved, cp, ep, ZeRO 1/2, 3-D and 4-D
@@ -17,11 +18,20 @@ zygote of tests/test_drills_e2e.py, so torch is imported once) and is judged by
 
 It prints one row per drill and a table per kind and per layout. Every job has a
 hard timeout (the zygote kills its whole session), so the sweep cannot hang.
+
+`--reanalyze DIR` judges the run directories a sweep kept under DIR (`--out`)
+again with today's analyzer, without rerunning any job: the cases are rebuilt
+from the same seed, each `DIR/<case>/run` is analyzed by `ncclscope analyze
+--json` as a user would, and the same tables are printed. Cases whose
+directory is missing are skipped (and counted).
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -134,46 +144,23 @@ def judge(case: Case, report: dict) -> tuple[bool, bool, bool, str]:
     return list(h["ranks"]) == [case.rank], h["kind"] == CAUSE[case.kind], False, verdict
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--seed", type=int, default=2026)
-    ap.add_argument("--healthy", type=int, default=11)
-    ap.add_argument("--limit", type=int, default=0, help="run only the first N cases")
-    ap.add_argument("--kinds", default="", help="comma-separated fault kinds to keep (and healthy)")
-    ap.add_argument("--out", default="", help="keep the run directories here")
-    ns = ap.parse_args()
-    from test_drills_e2e import Zygote   # the warmed job server the e2e tests use
-
-    cases = matrix(ns.seed, ns.healthy)
-    if ns.kinds:
-        keep = set(ns.kinds.split(",")) | {"healthy"}
-        cases = [c for c in cases if c.kind in keep]
-    if ns.limit:
-        cases = cases[:ns.limit]
-    base = Path(ns.out) if ns.out else Path(tempfile.mkdtemp(prefix="ncclscope-accuracy-"))
-    base.mkdir(parents=True, exist_ok=True)
-    print(f"accuracy sweep: {len(cases)} jobs (seed {ns.seed}) under {base}", flush=True)
-    z = Zygote(base)
-    rows = []
-    t0 = time.monotonic()
+def analyze_dir(run_dir: Path, timeout: float = 300.0) -> dict:
+    """`ncclscope analyze --json RUN_DIR`, exactly as a user runs it; the report, or a no-result stub."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
     try:
-        for i, c in enumerate(cases, 1):
-            try:
-                job = z.run(c.name, list(c.argv), timeout=150.0)
-                report = job.report
-            except BaseException as exc:   # pytest.fail on a job timeout is a BaseException
-                if isinstance(exc, KeyboardInterrupt):
-                    raise
-                report = {"verdict": f"(no result: {type(exc).__name__}: {str(exc)[:120]})", "findings": []}
-            ok_rank, ok_kind, fp, text = judge(c, report)
-            rows.append((c, ok_rank, ok_kind, fp))
-            mark = "FP" if fp else ("ok" if ok_rank and ok_kind else "MISS")
-            print(f"[{i:3d}/{len(cases)}] {mark:4s} {c.name:36s} {text[:110]}", flush=True)
-    finally:
-        z.close()
+        proc = subprocess.run([sys.executable, "-m", "ncclscope", "analyze", "--json", str(run_dir)], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=timeout)
+        return json.loads(proc.stdout) if proc.stdout.strip() else {
+            "verdict": f"(no result: exit {proc.returncode}: {proc.stderr.strip()[-120:]})", "findings": []}
+    except (subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+        return {"verdict": f"(no result: {type(exc).__name__})", "findings": []}
+
+
+def summarize(rows: list, seconds: float) -> None:
+    """The per-kind and per-layout tables and the totals line."""
     faults = [r for r in rows if r[0].kind != "healthy"]
     healthy = [r for r in rows if r[0].kind == "healthy"]
-    print(f"\n{len(faults)} drills, {len(healthy)} healthy runs in {time.monotonic() - t0:.0f} s\n")
+    print(f"\n{len(faults)} drills, {len(healthy)} healthy runs in {seconds:.0f} s\n")
     print(f"{'kind':14s} {'drills':>6s} {'culprit':>8s} {'cause':>6s}")
     for kind in CAUSE:
         sel = [r for r in faults if r[0].kind == kind]
@@ -190,6 +177,67 @@ def main() -> int:
     print(f"\nculprit {sum(r[1] for r in faults)}/{len(faults)} ({100 * sum(r[1] for r in faults) / n:.0f}%), "
           f"cause {sum(r[2] for r in faults)}/{len(faults)} ({100 * sum(r[2] for r in faults) / n:.0f}%), "
           f"false positives {sum(r[3] for r in healthy)}/{len(healthy)}")
+
+
+def _row(i: int, n: int, c: Case, report: dict, rows: list) -> None:
+    ok_rank, ok_kind, fp, text = judge(c, report)
+    rows.append((c, ok_rank, ok_kind, fp))
+    mark = "FP" if fp else ("ok" if ok_rank and ok_kind else "MISS")
+    print(f"[{i:3d}/{n}] {mark:4s} {c.name:36s} {text[:110]}", flush=True)
+
+
+def reanalyze(base: Path, cases: list[Case]) -> int:
+    """Judge the run directories a sweep kept under `base` again; no job is run."""
+    kept = [c for c in cases if (base / c.name / "run").is_dir()]
+    print(f"reanalyzing {len(kept)} kept run directories under {base} ({len(cases) - len(kept)} of the "
+          f"matrix not there)", flush=True)
+    rows: list = []
+    t0 = time.monotonic()
+    for i, c in enumerate(kept, 1):
+        _row(i, len(kept), c, analyze_dir(base / c.name / "run"), rows)
+    summarize(rows, time.monotonic() - t0)
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=2026)
+    ap.add_argument("--healthy", type=int, default=11)
+    ap.add_argument("--limit", type=int, default=0, help="run only the first N cases")
+    ap.add_argument("--kinds", default="", help="comma-separated fault kinds to keep (and healthy)")
+    ap.add_argument("--out", default="", help="keep the run directories here")
+    ap.add_argument("--reanalyze", default="", metavar="DIR",
+                    help="judge the run directories kept under DIR (a sweep's --out) again, without running jobs")
+    ns = ap.parse_args()
+
+    cases = matrix(ns.seed, ns.healthy)
+    if ns.kinds:
+        keep = set(ns.kinds.split(",")) | {"healthy"}
+        cases = [c for c in cases if c.kind in keep]
+    if ns.limit:
+        cases = cases[:ns.limit]
+    if ns.reanalyze:
+        return reanalyze(Path(ns.reanalyze), cases)
+    from test_drills_e2e import Zygote   # the warmed job server the e2e tests use
+    base = Path(ns.out) if ns.out else Path(tempfile.mkdtemp(prefix="ncclscope-accuracy-"))
+    base.mkdir(parents=True, exist_ok=True)
+    print(f"accuracy sweep: {len(cases)} jobs (seed {ns.seed}) under {base}", flush=True)
+    z = Zygote(base)
+    rows = []
+    t0 = time.monotonic()
+    try:
+        for i, c in enumerate(cases, 1):
+            try:
+                job = z.run(c.name, list(c.argv), timeout=150.0)
+                report = job.report
+            except BaseException as exc:   # pytest.fail on a job timeout is a BaseException
+                if isinstance(exc, KeyboardInterrupt):
+                    raise
+                report = {"verdict": f"(no result: {type(exc).__name__}: {str(exc)[:120]})", "findings": []}
+            _row(i, len(cases), c, report, rows)
+    finally:
+        z.close()
+    summarize(rows, time.monotonic() - t0)
     return 0
 
 

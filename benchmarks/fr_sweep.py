@@ -2,6 +2,7 @@
 
     OMP_NUM_THREADS=1 python benchmarks/fr_sweep.py                  # every scenario, 4 and 8 ranks
     OMP_NUM_THREADS=1 python benchmarks/fr_sweep.py --worlds 4 --scenarios skip,wrong_group
+    OMP_NUM_THREADS=1 python benchmarks/fr_sweep.py --variants asis,no_pg_config,no_times --reorder
 
 Each job (tests/fr_jobs.py: a tp x dp mesh of new_groups, no ncclscope code in
 it) is broken by one rank drawn at random (seeded), leaves one dump per rank,
@@ -9,13 +10,27 @@ and is analyzed with `ncclscope analyze DIR --json` in-process. A drill is
 right when the headline's kind is the scenario's expected kind and its root
 ranks are exactly the culprit; a healthy job is right when nothing at warning
 level or above is found. Prints one row per job and the totals.
+
+`--variants` judges the same dumps rewritten as well: `no_pg_config` with
+gloo's own empty pg_config (fr_jobs writes an NCCL-like one only for
+group_order), `no_times` with every time field removed (a verdict must then
+say no duration: a row whose findings say "0.0 s" or "since" is marked).
+`--reorder` adds, per healthy 4-rank job, its dumps rewritten as if the culprit had
+created the dp groups before the tp groups (`fr_jobs.reorder_groups`: no
+process runs, gloo's empty pg_config; "reorder" with bare group names,
+"reorder+desc" with DeviceMesh-like descriptions): the entries-only creation
+order rule must name the culprit (kind group_mismatch). At 8 ranks dp groups
+are larger than tp groups, and gloo hangs in new_group instead (group_order).
 """
 from __future__ import annotations
 
 import argparse
 import io
 import json
+import os
+import pickle
 import random
+import re
 import sys
 import tempfile
 import time
@@ -32,15 +47,53 @@ def analyze(path: Path) -> tuple[int, dict]:
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
         rc = main(["analyze", str(path), "--json"])
+    text = out.getvalue()
+    start = text.find("{") if text.startswith("{") else text.find("\n{") + 1   # skip stray lines before it
     try:
-        return rc, json.loads(out.getvalue())
+        return rc, json.loads(text[start:]) if start >= 0 else {}
     except json.JSONDecodeError:
-        return rc, {"verdict": f"(no JSON; rc {rc}: {err.getvalue().strip()[:160]})", "findings": []}
+        pass
+    return rc, {"verdict": f"(no JSON; rc {rc}: {err.getvalue().strip()[:160]})", "findings": [], "no_json": True}
+
+
+TIME_KEYS = ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns")
+EMPTY_PG_CONFIG = {"": {"name": "", "desc": "", "ranks": "[]"}}     # what gloo writes
+
+
+def rewrite(src: Path, variant: str) -> Path:
+    """The dumps of `src` as variant `variant` would have them, in a sibling directory (file times kept)."""
+    if variant == "asis":
+        return src
+    dst = src.with_name(f"{src.name}.{variant}")
+    dst.mkdir(exist_ok=True)
+    for f in sorted(src.glob("nccl_trace_rank_*")):
+        d = pickle.loads(f.read_bytes())
+        if variant == "no_pg_config":
+            d["pg_config"] = dict(EMPTY_PG_CONFIG)
+        elif variant == "no_times":
+            for e in d["entries"]:
+                for k in TIME_KEYS:
+                    e.pop(k, None)
+        else:
+            raise SystemExit(f"unknown variant {variant!r} (asis, no_pg_config, no_times)")
+        (dst / f.name).write_bytes(pickle.dumps(d))
+        st = f.stat()
+        os.utime(dst / f.name, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return dst
+
+
+def says_duration(report: dict) -> bool:
+    """Does any sentence of the report claim a wait ("since", "0.0 s")?"""
+    texts = [report.get("verdict", "")] + [f.get("title", "") for f in report.get("findings", [])]
+    texts += [e.get("note", "") for f in report.get("findings", []) for e in f.get("evidence", [])]
+    return any(re.search(r"\bsince\b|\b0\.0 s\b", t) for t in texts)
 
 
 def judge(scenario: str, culprit: int, report: dict, expected: dict) -> tuple[bool, bool]:
     """(culprit right, cause right); for healthy: (no false positive, same)."""
     findings = report.get("findings", [])
+    if report.get("no_json"):                   # an analysis that wrote no report is right about nothing
+        return False, False
     if scenario == "healthy":
         ok = not any(f["severity"] in ("error", "warning") for f in findings)
         return ok, ok
@@ -56,11 +109,14 @@ def main() -> int:
     ap.add_argument("--worlds", default="4,8")
     ap.add_argument("--scenarios", default="")
     ap.add_argument("--out", default="")
+    ap.add_argument("--variants", default="asis", help="comma list of asis, no_pg_config, no_times")
+    ap.add_argument("--reorder", action="store_true", help="also judge healthy dumps rewritten with a creation order")
     ns = ap.parse_args()
     import torch  # noqa: F401  (imported once, before the jobs fork)
-    from fr_jobs import EXPECTED_KIND, SCENARIOS, make_dumps
+    from fr_jobs import EXPECTED_KIND, SCENARIOS, make_dumps, reorder_groups
 
     rng = random.Random(ns.seed)
+    variants = [v for v in ns.variants.split(",") if v]
     scenarios = ns.scenarios.split(",") if ns.scenarios else list(SCENARIOS)
     base = Path(ns.out) if ns.out else Path(tempfile.mkdtemp(prefix="ncclscope-fr-sweep-"))
     base.mkdir(parents=True, exist_ok=True)
@@ -70,17 +126,37 @@ def main() -> int:
         for sc in scenarios:
             culprit = rng.randrange(world)
             d = make_dumps(sc, world, culprit, base)
-            rc, report = analyze(d)
-            ok_rank, ok_kind = judge(sc, culprit, report, EXPECTED_KIND)
-            rows.append((sc, world, culprit, ok_rank, ok_kind))
-            mark = "ok" if ok_rank and ok_kind else ("FP" if sc == "healthy" else "MISS")
-            print(f"{mark:4s} {sc:12s} world {world} culprit {culprit}: rc {rc} {report.get('verdict', '')[:120]}",
-                  flush=True)
-    drills = [r for r in rows if r[0] != "healthy"]
-    healthy = [r for r in rows if r[0] == "healthy"]
-    print(f"\n{len(drills)} dumps with a fault, {len(healthy)} healthy, {time.monotonic() - t0:.0f} s; under {base}")
-    print(f"culprit {sum(r[3] for r in drills)}/{len(drills)}, cause {sum(r[4] for r in drills)}/{len(drills)}, "
-          f"false positives {sum(not r[3] for r in healthy)}/{len(healthy)}")
+            for variant in variants:
+                rc, report = analyze(rewrite(d, variant))
+                ok_rank, ok_kind = judge(sc, culprit, report, EXPECTED_KIND)
+                timed = variant == "no_times" and says_duration(report)
+                rows.append((sc, world, culprit, ok_rank, ok_kind, variant, timed))
+                mark = "ok" if ok_rank and ok_kind else ("FP" if sc == "healthy" else "MISS")
+                tag = "" if len(variants) == 1 else f"[{variant}] "
+                print(f"{mark:4s} {sc:12s} world {world} culprit {culprit}: {tag}rc {rc}"
+                      f"{' SAYS A DURATION' if timed else ''} {report.get('verdict', '')[:120]}", flush=True)
+            if ns.reorder and sc == "healthy" and world == 4:   # tp and dp groups of one size: a job that runs on
+                for descs in (False, True):
+                    name = "reorder+desc" if descs else "reorder"
+                    dst = d.with_name(f"{d.name}.{name}")
+                    rc, report = analyze(reorder_groups(d, dst, culprit, world, descs=descs))
+                    ok_rank, ok_kind = judge("group_order", culprit, report, EXPECTED_KIND)
+                    rows.append((name, world, culprit, ok_rank, ok_kind, name, False))
+                    mark = "ok" if ok_rank and ok_kind else "MISS"
+                    print(f"{mark:4s} {name:12s} world {world} culprit {culprit}: rc {rc} "
+                          f"{report.get('verdict', '')[:120]}", flush=True)
+    print()
+    for variant in variants + (["reorder", "reorder+desc"] if ns.reorder else []):
+        mine = [r for r in rows if r[5] == variant]
+        drills = [r for r in mine if r[0] != "healthy"]
+        healthy = [r for r in mine if r[0] == "healthy"]
+        tag = "" if len(variants) == 1 and not ns.reorder else f"[{variant}] "
+        print(f"{tag}{len(drills)} dumps with a fault, {len(healthy)} healthy; "
+              f"culprit {sum(r[3] for r in drills)}/{len(drills)}, cause {sum(r[4] for r in drills)}/{len(drills)}, "
+              f"false positives {sum(not r[3] for r in healthy)}/{len(healthy)}"
+              + (f", durations said without times {sum(r[6] for r in mine)}/{len(mine)}" if variant == "no_times"
+                 else ""))
+    print(f"{time.monotonic() - t0:.0f} s; under {base}")
     return 0
 
 

@@ -177,3 +177,40 @@ def make_dumps(scenario: str, world: int, culprit: int, out: Path, deadline_s: f
                 p.kill()
             p.join(5)
     return out
+
+
+def _is_tp(members: list[int]) -> bool:
+    return len(members) == 2 and members[1] - members[0] == 1
+
+
+def reorder_groups(src: Path, dst: Path, culprit: int, world: int, descs: bool = False,
+                   keep_pg_config: bool = False) -> Path:
+    """A healthy job's dumps (`make_dumps("healthy", ...)`) rewritten as the culprit would have
+    recorded them had it created the dp groups before the tp groups (group names are a creation
+    counter, so its groups carry the other ranks' names for other member sets) and the job had
+    run on anyway: every collective pairs with someone and completes, nothing hangs. gloo's
+    pg_config is empty, so only the entries tell (unless `keep_pg_config`). `descs` gives each
+    group a description the way DeviceMesh does ("mesh_tp" / "mesh_dp"), in each rank's own view.
+    No process runs: what the rewritten rank recorded follows from the names alone."""
+    normal, swapped = _plan(world, swap=False), _plan(world, swap=True)
+    dst = Path(dst)
+    dst.mkdir(parents=True, exist_ok=False)
+    for f in sorted(Path(src).glob("nccl_trace_rank_*")):
+        rank = int(f.name.rsplit("_", 1)[1])
+        d = pickle.loads(f.read_bytes())
+        plan = swapped if rank == culprit else normal
+        for e in d["entries"]:
+            name, desc = e["process_group"]
+            if not str(name).isdigit() or name == "0":
+                continue
+            members = normal[int(name) - 1]                  # what this op was for (its call site's group)
+            new = str(plan.index(members) + 1)
+            e["process_group"] = (new, ("mesh_tp" if _is_tp(members) else "mesh_dp") if descs else desc)
+        if keep_pg_config:
+            cfg = {str(i + 1): {"name": str(i + 1), "desc": "undefined", "ranks": str(m)} for i, m in enumerate(plan)}
+            cfg["0"] = {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))}
+            d["pg_config"] = cfg
+        (dst / f.name).write_bytes(pickle.dumps(d))
+        st = f.stat()                # the dump's time is its file's mtime: keep the job's, not the rewrite's
+        os.utime(dst / f.name, ns=(st.st_atime_ns, st.st_mtime_ns))
+    return dst

@@ -1,10 +1,17 @@
 """Verdicts on Flight Recorder dumps of real gloo jobs (tests/fr_jobs.py) with a known culprit.
 
-The jobs run once per module at 4 ranks (about 30 s on a loaded 2-core box)."""
+    OMP_NUM_THREADS=1 python -m pytest -q tests/test_fr_verdicts.py
+
+The jobs run once per module at 4 ranks (about 30 s on a loaded 2-core box);
+the other cases are those dumps rewritten (times removed, entries cut, one
+rank's groups renamed as a different creation order would have named them,
+a dump deleted), so no further process is spawned."""
 from __future__ import annotations
 
+import os
 import pickle
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -13,9 +20,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 torch = pytest.importorskip("torch")
-from fr_jobs import make_dumps  # noqa: E402
+from fr_jobs import OP_TIMEOUT_S, make_dumps, reorder_groups  # noqa: E402
 
 from ncclscope.analysis import run  # noqa: E402
+from ncclscope.analysis.group_order import creation_order_findings  # noqa: E402
+from ncclscope.analysis.index import index_of  # noqa: E402
 from ncclscope.findings import Role  # noqa: E402
 from ncclscope.ingest import load_any  # noqa: E402
 
@@ -54,13 +63,42 @@ def test_healthy_dumps_stay_ok(dumps):
     assert a.verdict.startswith("OK")
 
 
-def _truncate(src: Path, dst: Path, keep: int, pg_config: dict | None) -> Path:
+def _truncate(src: Path, dst: Path, keep: int, pg_config: dict | None, idle_s: float = 0.01) -> Path:
+    """The first `keep` entries of each dump, as if the job had dumped `idle_s` after the last of them
+    (the loader reads a dump's time from its file's mtime)."""
     dst.mkdir()
     for f in sorted(src.glob("nccl_trace_rank_*")):
         d = pickle.loads(f.read_bytes())
         d["entries"] = d["entries"][:keep]
         if pg_config is not None:
             d["pg_config"] = pg_config
+        (dst / f.name).write_bytes(pickle.dumps(d))
+        t = max(e["time_created_ns"] for e in d["entries"]) + int(idle_s * 1e9)
+        os.utime(dst / f.name, ns=(t, t))
+    return dst
+
+
+def _texts(a) -> list[str]:
+    """Every sentence a face shows: the verdict, each finding's title, wait summary and evidence notes."""
+    out = [a.verdict]
+    for f in a.findings:
+        out.append(f.title)
+        if f.wait is not None:
+            out.append(f.wait.text)
+        out += [e.note for e in f.evidence]
+    return out
+
+
+def _rewrite_times(src: Path, dst: Path, how: str) -> Path:
+    dst.mkdir()
+    for f in sorted(src.glob("nccl_trace_rank_*")):
+        d = pickle.loads(f.read_bytes())
+        for e in d["entries"]:
+            for k in ("time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns"):
+                if how == "drop":
+                    e.pop(k, None)
+                else:
+                    e[k] = 0
         (dst / f.name).write_bytes(pickle.dumps(d))
     return dst
 
@@ -116,3 +154,124 @@ def test_dumps_without_timestamps_say_no_duration(dumps, tmp_path):
     assert (head.kind, head.ranks) == ("wrong_group", [1]), a.verdict
     assert re.search(r"at tests/fr_jobs\.py:\d+", a.verdict), a.verdict
     assert " since " not in a.verdict and head.wait is not None and head.wait.wait_s is None, a.verdict
+
+
+
+# ---- durations: said where the dump has them, never "0.0 s" ----------------------------------------
+@pytest.mark.parametrize("scenario", ["wrong_group", "group_order", "healthy"])
+def test_no_sentence_says_zero_seconds(dumps, scenario):
+    a, _ = _analyze(dumps[scenario])
+    bad = [t for t in _texts(a) if "0.0 s" in t]
+    assert not bad, bad[:3]
+
+
+@pytest.mark.parametrize("how", ["drop", "zero"])
+def test_dumps_without_usable_times_say_no_duration_anywhere(dumps, tmp_path, how):
+    # time fields missing (read as -1) or all zero: no "since", "for N s" or wait_s, in any finding
+    a, head = _analyze(_rewrite_times(dumps["wrong_group"], tmp_path / how, how))
+    assert (head.kind, head.ranks) == ("wrong_group", [1]), a.verdict
+    texts = _texts(a)
+    assert not [t for t in texts if re.search(r"\bsince\b|\d\.\d s\b| \d+ ms\b", t)], texts
+    assert all(f.wait is None or f.wait.wait_s is None for f in a.findings)
+
+
+def test_real_timestamps_give_the_wait_of_the_waiters(dumps):
+    # the ranks behind the wrong call waited for the job's op timeout before the job dumped them
+    a, head = _analyze(dumps["wrong_group"])
+    assert head.wait is not None and head.wait.wait_s is not None
+    assert 0.5 * OP_TIMEOUT_S <= head.wait.wait_s <= 10 * OP_TIMEOUT_S, a.verdict
+    assert re.search(r"waiting in all_reduce #\d+ on \S+ since \d+\.\d s", a.verdict), a.verdict
+
+
+# ---- a rank without a dump --------------------------------------------------------------------------
+def test_a_rank_without_a_dump_left_no_flight_recorder_dump(dumps, tmp_path):
+    d = tmp_path / "no-dump"
+    d.mkdir()
+    for f in dumps["healthy"].glob("nccl_trace_rank_*"):
+        if not f.name.endswith("_2"):
+            shutil.copy2(f, d / f.name)
+    a, head = _analyze(d)
+    assert a.verdict.startswith("DEAD RANK: rank 2 left no Flight Recorder dump"), a.verdict
+    assert not [t for t in _texts(a) if "trace directory" in t]
+
+
+# ---- stopped with nothing in flight, pg_config empty ------------------------------------------------
+def test_all_ranks_idle_past_their_timeout_before_the_dump_is_stopped(dumps, tmp_path):
+    # gloo's empty pg_config lists no unused group; what says the job had more to do is time: every
+    # rank sat outside any collective for longer than its collective timeout, then was dumped
+    d = _truncate(dumps["healthy"], tmp_path / "idle", 1, None, idle_s=3 * (OP_TIMEOUT_S + 2))
+    a, head = _analyze(d)
+    assert not a.ok
+    assert a.verdict.startswith("STOPPED: all ranks stopped after broadcast #1 on default_pg, no collective in "
+                                "flight: the job hung or died outside collectives, for example in group creation"), \
+        a.verdict
+    assert "longer than its 5.0 s collective timeout" in a.verdict, a.verdict
+    assert head.kind == "no_op_in_flight" and head.ranks == list(range(WORLD))
+
+
+def test_some_ranks_idle_past_their_timeout_while_the_others_went_on_are_stopped(dumps, tmp_path):
+    # ranks 1 and 3 never got past the first broadcast (hung in new_group, say) and were dumped long
+    # after it; ranks 0 and 2 went on and were dumped right after their last op
+    d = tmp_path / "half"
+    d.mkdir()
+    for f in sorted(dumps["healthy"].glob("nccl_trace_rank_*")):
+        rank = int(f.name.rsplit("_", 1)[1])
+        x = pickle.loads(f.read_bytes())
+        if rank in (1, 3):
+            x["entries"] = x["entries"][:1]
+        (d / f.name).write_bytes(pickle.dumps(x))
+        t = max(e["time_created_ns"] for e in x["entries"]) + int((3 * (OP_TIMEOUT_S + 2) if rank in (1, 3)
+                                                                   else 0.01) * 1e9)
+        os.utime(d / f.name, ns=(t, t))
+    a, head = _analyze(d)
+    assert a.verdict.startswith("STOPPED: ranks 1,3 stopped after broadcast #1 on default_pg, no collective in "
+                                "flight, while ranks 0,2 went on to collectives on "), a.verdict
+    assert head.kind == "no_op_in_flight" and head.ranks == [1, 3]
+
+
+def test_a_dump_taken_within_the_timeout_after_the_last_op_is_not_stopped(dumps, tmp_path):
+    d = _truncate(dumps["healthy"], tmp_path / "prompt", 1, None, idle_s=0.5 * (OP_TIMEOUT_S + 2))
+    a, _ = _analyze(d)
+    assert not a.verdict.startswith("STOPPED"), a.verdict
+
+
+# ---- group creation order from the entries alone (pg_config empty) ----------------------------------
+def _order_findings(path: Path):
+    t = load_any(path)
+    return creation_order_findings(index_of(t))
+
+
+@pytest.mark.parametrize("culprit", [0, 2])
+@pytest.mark.parametrize("descs,basis", [(False, "call_site"), (True, "desc")])
+def test_creation_order_from_entries_names_the_culprit(dumps, tmp_path, descs, basis, culprit):
+    # culprit 2's renamed groups are shared with two other ranks each (a 2-to-1 vote); culprit 0's with one
+    # (1 to 1 on each name: it is the rank that disagrees on both of its groups, its partners on one each)
+    d = reorder_groups(dumps["healthy"], tmp_path / f"reorder-{basis}", culprit=culprit, world=WORLD, descs=descs)
+    fs = _order_findings(d)
+    assert [(f.kind, f.ranks, f.data["basis"], f.data["attribute"]) for f in fs] == \
+        [("group_mismatch", [culprit], basis, "creation_order")], [f.title for f in fs]
+    assert fs[0].title.startswith(f"rank {culprit} created its process groups in a different order than the other "
+                                  "ranks")
+    assert {e.rank for e in fs[0].evidence} > {culprit}    # its calls and the other users' calls on those names
+
+
+def test_creation_order_from_entries_is_silent_on_healthy_and_other_faults(dumps):
+    for sc in ("healthy", "wrong_group", "group_order"):
+        assert _order_findings(dumps[sc]) == [], sc
+
+
+def test_creation_order_from_entries_is_the_verdict(dumps, tmp_path):
+    # needs groups.analyze_groups to call group_order.creation_order_findings
+    d = reorder_groups(dumps["healthy"], tmp_path / "reorder", culprit=2, world=WORLD)
+    a, head = _analyze(d)
+    assert a.verdict.startswith("GROUP MISMATCH: rank 2 created its process groups in a different order"), a.verdict
+    assert (head.kind, head.ranks) == ("group_mismatch", [2])
+
+
+def test_pg_config_and_entries_give_one_creation_order_finding(dumps, tmp_path):
+    # with pg_config the member views already name rank 2; the entries' rule adds nothing on top
+    d = reorder_groups(dumps["healthy"], tmp_path / "reorder-cfg", culprit=2, world=WORLD, keep_pg_config=True)
+    a, head = _analyze(d)
+    assert (head.kind, head.ranks) == ("group_mismatch", [2]), a.verdict
+    assert sum(f.kind == "group_mismatch" and f.ranks == [2] for f in a.findings) == 1, \
+        [f.title for f in a.findings]

@@ -276,3 +276,68 @@ def test_healthy_layout_exits_0_with_no_warning(healthy_runs: dict[str, Path], n
     a = analyse(trace)
     serious = [f"{f.severity}: {f.title}" for f in a.findings if f.severity in ("warning", "error")]
     assert a.exit_code == 0 and not serious and a.verdict.startswith("OK"), (a.verdict, serious)
+
+
+# ---- stragglers: power and the noise of the other pipeline positions ----
+def test_a_pair_cannot_reach_the_binomial_floor_but_a_rank_last_every_step_4x_slower_is_found() -> None:
+    # two ranks, six steps: no outcome is rarer than 1/64 > ALPHA; last in all six and 4x slower is enough
+    res = analyze_stragglers(dp_trace([1.0, 4.0], steps=6, noise=0.05))
+    (f,) = warnings_of(res.findings)
+    assert f.ranks == [1] and f.data["power_limited"] and f.data["p_last"] > ALPHA
+    # ... but 1.5x is not (the effect must stand out twice as far from the noise then)
+    assert warnings_of(analyze_stragglers(dp_trace([1.0, 1.5], steps=6, noise=0.05)).findings) == []
+
+
+def pp_dp_trace(slow: float, other_swing: float, steps: int = 6, seed: int = 0) -> Trace:
+    """pp 2 x dp 2: ranks 0,1 (pp 0) all-reduce over dp0, ranks 2,3 (pp 1) over dp1. Rank 1 computes `slow`
+    x rank 0 every step; in the other position rank 3 swings by up to `other_swing` (log) against rank 2."""
+    rng = np.random.default_rng(seed)
+    coords = {r: {"pp": r // 2, "dp": r % 2} for r in range(4)}
+    b = TraceBuilder(4, groups={"dp0": [0, 1], "dp1": [2, 3]}, coords=coords)
+    for step in range(steps):
+        t = 10.0 * step
+        c = [0.1, 0.1 * slow, 0.1, 0.1 * math.exp(other_swing * rng.uniform(-1, 1))]
+        for g, pair in (("dp0", (0, 1)), ("dp1", (2, 3))):
+            end = t + max(c[r] for r in pair) + 0.01
+            for r in pair:
+                b.compute(r, "forward", t, t + c[r], step=step, microbatch=0)
+                b.collective(r, g, step + 1, start=t + c[r], end=end, step=step)
+    return b.build()
+
+
+def test_one_peer_is_judged_against_the_spread_of_the_other_positions() -> None:
+    # rank 1 is 2x rank 0 at every step, but in this run two healthy ranks of the other stage drift
+    # apart by as much: that is this run's noise, not a straggler
+    assert warnings_of(analyze_stragglers(pp_dp_trace(2.0, other_swing=1.2)).findings) == []
+    # the same 2x where the other stage's ranks agree: a straggler
+    (f,) = warnings_of(analyze_stragglers(pp_dp_trace(2.0, other_swing=0.02)).findings)
+    assert f.ranks == [1]
+
+
+# ---- divergence: the job-wide global norm ----
+def test_a_tied_replica_pair_is_decided_by_the_job_wide_global_norm_and_the_moved_checksums() -> None:
+    # dp 4 x ep 2: checksums compare within an expert position ({0,2}, {1,3}), pairs that tie; the global
+    # norm is one number for the whole job. Rank 2 kept its gradient: its norm leaves the job's majority,
+    # rank 3 (same expert group) follows it a little, and the {0,2} checksums move 30x more than {1,3}'s.
+    coords = {r: {"tp": 0, "pp": 0, "dp": r, "ep": r % 2} for r in range(4)}
+    rows = []
+    for step in range(4):
+        for r in range(4):
+            g = {2: 2.6, 3: 2.15}.get(r, 2.02) if step == 2 else 2.0 + step
+            ck = (160.0 if r % 2 == 0 else 150.0) + step + ({2: 0.4, 3: 0.013}.get(r, 0.0) if step >= 2 else 0.0)
+            rows.append({"rank": r, "step": step, "grad_norm_local": 1.0 + r, "grad_norm_global": g,
+                         "param_checksum": ck})
+    (f,) = [f for f in analyze_divergence(metrics_trace(rows, coords)).findings if f.kind == "grad_divergence"]
+    assert f.ranks == [2] and 3 in f.data["affected"] and not f.data["ambiguous"], f.title
+
+
+def test_replica_sets_of_one_still_compare_the_global_norm() -> None:
+    # ep carved out of dp 3: every dp rank holds other experts, no checksum compares; the global norm does
+    coords = {r: {"tp": 0, "pp": 0, "dp": r, "ep": r} for r in range(3)}
+    rows = [{"rank": r, "step": s, "grad_norm_local": 1.0, "param_checksum": 10.0 * r + s,
+             "grad_norm_global": 2.0 + s + (0.3 if (s == 2 and r == 1) else 0.0)} for s in range(4) for r in range(3)]
+    (f,) = [f for f in analyze_divergence(metrics_trace(rows, coords)).findings if f.kind == "grad_divergence"]
+    assert f.ranks == [1] and f.data["step"] == 2 and not f.data["ambiguous"], f.title
+    # equal everywhere: nothing
+    same = [{**r, "grad_norm_global": 2.0 + r["step"]} for r in rows]
+    assert [f for f in analyze_divergence(metrics_trace(same, coords)).findings if f.kind == "grad_divergence"] == []

@@ -384,3 +384,181 @@ def test_the_survivors_lone_deviating_record_is_the_cause_of_the_partners_death(
 def test_a_lone_record_that_matches_its_history_leaves_the_death_as_the_cause() -> None:
     d = diagnose(_lost_partner("[[4]]").build())
     assert (d.headline.kind, d.headline.ranks) == ("dead_rank", [0]), d.verdict
+
+
+# ---------------------------------------------------------------------------
+# a wrong group, then a death: gloo pairs the wrong call with a member of that group and aborts it
+# ---------------------------------------------------------------------------
+GRAD = "train.py:63"
+FWD = "model.py:32"
+
+
+def _wrong_group_then_abort(victim_dies_at: float | None = None) -> TraceBuilder:
+    """dp0=[0,2], dp1=[1,3], tp0=[0,1], tp1=[2,3]. Each step: a tp all_reduce (FWD), then the gradient
+    all_reduce over dp (GRAD). In step 2 rank 3 sends its gradient all_reduce to tp1 instead of dp1, and
+    rank 2 (a tp1 member, blocked in its dp0 call) is SIGABRTed by gloo. With `victim_dies_at`, rank 2
+    was instead killed long before, at that time (no record after it): a death the wrong call did not cause."""
+    b = TraceBuilder(4, groups={"dp0": [0, 2], "dp1": [1, 3], "tp0": [0, 1], "tp1": [2, 3]})
+    for r in range(4):
+        b.coords(r, dp=r // 2, tp=r % 2)
+    t = 0.0
+    for step in range(2):
+        for r in range(4):
+            b.collective(r, f"tp{r // 2}", step + 1, start=t, end=t + 0.01, call_site=FWD, step=step)
+            b.collective(r, f"dp{r % 2}", step + 1, start=t + 0.02, end=t + 0.03, call_site=GRAD, step=step)
+        t += 0.1
+    for r in range(4):
+        b.collective(r, f"tp{r // 2}", 3, start=t, end=t + 0.01, call_site=FWD, step=2)
+    b.collective(0, "dp0", 3, start=t + 0.02, end=t + 3.0, status="timeout", call_site=GRAD, step=2)
+    b.collective(1, "dp1", 3, start=t + 0.02, end=t + 3.0, status="timeout", call_site=GRAD, step=2)
+    b.collective(2, "dp0", 3, start=t + 0.02, call_site=GRAD, step=2)                  # inflight when it died
+    b.collective(3, "tp1", 4, start=t + 0.026, end=t + 0.1, status="error", call_site=GRAD, step=2,
+                 message="Connection closed by peer")
+    for r in (0, 1, 3):
+        b.heartbeats(r, 0.0, t + 3.0)
+        b.rank_state(r, exitcode=1)
+    b.heartbeats(2, 0.0, t)
+    b.rank_state(2, signal="SIGABRT")
+    return b
+
+
+def test_a_wrong_group_headlines_over_the_death_of_a_member_of_that_group() -> None:
+    d = diagnose(_wrong_group_then_abort().build())
+    h = d.headline
+    assert (h.kind, h.ranks) == ("wrong_group", [3]), d.verdict
+    assert GRAD in h.title and "then rank 2" in h.title and "SIGABRT" in h.title
+    assert h.data["partner_deaths"] == [2]
+    dead = [f for f in d.findings if f.kind == "dead_rank" and f.severity == "error"]
+    assert dead and all(f.role.value == "supporting" for f in dead)
+
+
+def test_a_death_long_before_the_wrong_call_is_not_its_consequence() -> None:
+    from ncclscope.analysis.diagnose import explains
+    from ncclscope.analysis.groups import analyze_groups
+    from ncclscope.analysis.index import index_of
+
+    # the same record, but rank 2's last sign of life is 2 s before the wrong call: it did not die of it
+    b = TraceBuilder(4, groups={"dp0": [0, 2], "dp1": [1, 3], "tp1": [2, 3]})
+    for r in range(4):
+        b.coords(r, dp=r // 2, tp=r % 2)
+    for k in (1, 2):
+        for r in (1, 3):
+            b.collective(r, "dp1", k, start=k * 1.0, end=k * 1.0 + 0.01, call_site=GRAD, step=k - 1)
+    b.collective(0, "dp0", 1, start=0.1, end=3.5, status="timeout", call_site=GRAD, step=0)
+    b.collective(2, "dp0", 1, start=0.1, call_site=GRAD, step=0)
+    b.heartbeats(2, 0.0, 0.2)
+    b.rank_state(2, signal="SIGKILL")
+    b.collective(1, "dp1", 3, start=2.5, end=5.5, status="timeout", call_site=GRAD, step=2)
+    b.collective(3, "tp1", 1, start=2.5, end=5.5, status="timeout", call_site=GRAD, step=2)
+    for r in (0, 1, 3):
+        b.heartbeats(r, 0.0, 5.5)
+        b.rank_state(r, exitcode=1)
+    trace = b.build()
+    wrong = [f for f in analyze_groups(index_of(trace)).findings if f.kind == "wrong_group"]
+    assert wrong and wrong[0].ranks == [3] and "partner_deaths" not in wrong[0].data
+    d = diagnose(trace)
+    dead = [f for f in d.findings if f.kind == "dead_rank" and f.severity == "error"]
+    assert dead and dead[0].ranks == [2] and dead[0].role.value == "headline", d.verdict
+    assert not explains(wrong[0], dead[0])
+
+
+# ---------------------------------------------------------------------------
+# a lost partner's survivor, whose only other calls there failed after the death
+# ---------------------------------------------------------------------------
+def test_the_survivors_failed_calls_still_say_what_it_passed_there() -> None:
+    # gloo SIGABRTed rank 0 at #2 (rank 1 passed [[5]] there); rank 1's #1 passed [[4]] and its #3, after
+    # the death, failed with [[4]] too: two calls agree against #2, whatever their status.
+    b = TraceBuilder(2, groups={"dp0": [0, 1]})
+    for r in range(2):
+        b.coords(r, dp=r)
+    b.collective(1, "dp0", 1, start=0.0, end=0.05, sizes="[[4]]", call_site="data.py:76", step=0)
+    b.collective(1, "dp0", 2, start=0.1, end=0.15, sizes="[[5]]", call_site="data.py:76", step=1)
+    b.collective(1, "dp0", 3, start=0.2, end=3.2, status="error", sizes="[[4]]", call_site="data.py:76", step=2)
+    b.heartbeats(1, 0.0, 3.2)
+    b.rank_state(0, signal="SIGABRT")
+    b.rank_state(1, exitcode=4)
+    d = diagnose(b.build())
+    h = d.headline
+    assert (h.kind, h.ranks) == ("collective_mismatch", [1]), d.verdict
+    assert "#2" in h.title and "data.py:76" in h.title and "then rank 0" in h.title
+
+
+# ---------------------------------------------------------------------------
+# a skipped p2p: the stage that left its own routine, not the deadlock between the two
+# ---------------------------------------------------------------------------
+PP_SITE = "examples/pipe.py:56"
+BARRIER = "examples/pipe.py:61"
+
+
+def _skipped_batch(skip: bool = True, poster_departs: bool = False) -> TraceBuilder:
+    """2 stages; per step rank 0 sends 2 activations and receives 2 gradients, rank 1 the converse (all
+    from PP_SITE). In step 1 rank 0 posts its first send again; rank 1 (with `skip`) went straight to the
+    barrier after the loop. With `poster_departs`, rank 0's step 1 does not follow its step 0 either."""
+    b = TraceBuilder(2, groups={"world": [0, 1]})
+    t = 0.0
+    for k in (1, 2):
+        b.p2p(0, "isend", peer=1, seq=k, start=t, end=t + 0.01, call_site=PP_SITE, step=0)
+        b.p2p(1, "irecv", peer=0, seq=k, start=t, end=t + 0.01, call_site=PP_SITE, step=0)
+        t += 0.02
+    for k in (1, 2):
+        b.p2p(1, "isend", peer=0, seq=k, start=t, end=t + 0.01, call_site=PP_SITE, step=0)
+        b.p2p(0, "irecv", peer=1, seq=k, start=t, end=t + 0.01, call_site=PP_SITE, step=0)
+        t += 0.02
+    if poster_departs:
+        b.p2p(0, "irecv", peer=1, seq=3, start=t, end=t + 5.0, status="timeout", call_site=PP_SITE, step=1)
+    b.p2p(0, "isend", peer=1, seq=3, start=t, end=t + 5.0, status="timeout", call_site=PP_SITE, step=1)
+    if skip:
+        b.collective(1, "world", 1, op="barrier", start=t, end=t + 5.0, status="error", call_site=BARRIER,
+                     step=1)
+    else:
+        b.p2p(1, "isend", peer=0, seq=3, start=t, end=t + 5.0, status="timeout", call_site=PP_SITE, step=1)
+    for r in range(2):
+        b.heartbeats(r, 0.0, t + 5.0)
+        b.rank_state(r, exitcode=1)
+    return b
+
+
+def test_the_stage_that_skipped_its_recv_is_named_over_the_deadlock() -> None:
+    d = diagnose(_skipped_batch().build())
+    h = d.headline
+    assert (h.kind, h.ranks) == ("unmatched_p2p", [1]), d.verdict
+    assert "skipped the recv from rank 0 at step 1" in h.title and PP_SITE in h.title and BARRIER in h.title
+    assert "then ranks 0,1 wait on each other" in h.title
+    assert any(f.kind == "deadlock" and f.role.value == "supporting" for f in d.findings)
+
+
+def test_no_departure_when_the_poster_left_its_routine_too() -> None:
+    d = diagnose(_skipped_batch(poster_departs=True).build())
+    assert not (d.headline.kind == "unmatched_p2p" and "skipped" in d.headline.title), d.verdict
+
+
+# ---------------------------------------------------------------------------
+# the survivor skipped, and gloo aborted its partner, whose rows of that step died with it
+# ---------------------------------------------------------------------------
+def test_a_survivor_that_jumped_ahead_is_named_over_its_aborted_partners_stack() -> None:
+    # ep0 = [0, 1], per step: counts all_to_all (A2A) then the token all_to_all (TOKENS). In step 2 rank 1
+    # skips the counts exchange: its token all_to_all pairs with rank 0's counts exchange and gloo SIGABRTs
+    # rank 0, whose step-2 rows are lost; its stack shows it in A2A. Rank 0 followed its routine (A2A is
+    # the step's first call), rank 1 did not: rank 1 skipped.
+    b = TraceBuilder(2, groups={"ep0": [0, 1]})
+    for r in range(2):
+        b.coords(r, ep=r)
+    t, k = 0.0, 0
+    for step in range(2):
+        for site, dt in ((A2A, "int64"), (TOKENS, "float32")):
+            k += 1
+            for r in range(2):
+                b.collective(r, "ep0", k, op="all_to_all_single", start=t, end=t + 0.01, call_site=site,
+                             dtype=dt, step=step)
+            t += 0.02
+    b.collective(1, "ep0", k + 1, op="all_to_all_single", start=t, end=t + 3.0, status="error", call_site=TOKENS,
+                 dtype="float32", step=2)
+    b.heartbeats(1, 0.0, t + 3.0)
+    b.heartbeats(0, 0.0, t)
+    b.rank_state(0, signal="SIGABRT")
+    b.rank_state(1, exitcode=4)
+    b.stacks(0, _stack(A2A, "all_to_all_single"))
+    d = diagnose(b.build())
+    h = d.headline
+    assert (h.kind, h.ranks) == ("hang", [1]), d.verdict
+    assert "skipped all_to_all_single" in h.title and A2A in h.title and "then rank 0" in h.title

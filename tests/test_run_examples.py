@@ -121,6 +121,21 @@ def test_ddp_extra_all_reduce_on_one_rank_is_diagnosed(tmp_path):
     assert f"examples/ddp.py:{bug_line}" in deviating_sites(out, f)
 
 
+def test_ddp_rank_sleeping_past_the_timeout_is_the_root_with_its_line(tmp_path):
+    """Rank 1 sleeps 8 s in its own loop; rank 0 times out after 3 s inside DDP's reducer (an op only
+    Flight Recorder sees). Both end dead, neither waiting on the other: the order of arrival names rank 1,
+    and its stack dump inside the gap names the user's line."""
+    out = tmp_path / "ddp-sleep-past"
+    proc = ncclscope_run(out, 2, "examples/ddp.py", "--steps", "3", "--bug", "sleep", "--sleep", "8",
+                         "--timeout", "3", timeout_s=1.0)
+    assert proc.returncode != 0
+    code, rep = analyze(out)
+    assert code == 1
+    f = headline(rep)
+    assert f["kind"] == "stuck_in_compute" and f["ranks"] == [1], rep["verdict"]
+    assert f"examples/ddp.py:{line_of('examples/ddp.py', 'time.sleep(args.sleep)')}" in f["title"]
+
+
 # ---- the job's own failure reaches the user unchanged ------------------------------
 RAISES = """
     import datetime, os, sys
@@ -223,6 +238,10 @@ def test_dtensor_wrong_group_is_diagnosed_with_the_call_site(tmp_path):
     wrong = [f for f in rep["findings"] if f["kind"] == "wrong_group"]
     assert wrong and wrong[0]["ranks"] == [3], rep["verdict"]
     assert f"examples/dtensor_tp.py:{line}" in wrong[0]["title"]
+    # the headline is the wrong group, whatever gloo did next (an innocent tp1 member SIGABRTed, or a hang)
+    heads = [f for f in rep["findings"] if f["data"].get("role") == "headline"]
+    assert heads and (heads[0]["kind"], heads[0]["ranks"]) == ("wrong_group", [3]), rep["verdict"]
+    assert rep["verdict"].startswith("WRONG GROUP: rank 3") and f"examples/dtensor_tp.py:{line}" in rep["verdict"]
 
 
 def test_pipeline_1f1b_healthy(tmp_path):
@@ -246,6 +265,16 @@ def test_pipeline_skipped_batch_is_diagnosed(tmp_path):
     assert code == 1
     unmatched = [f for f in rep["findings"] if f["kind"] == "unmatched_p2p"]
     assert unmatched and unmatched[0]["ranks"] == [1], rep["verdict"]
+    # the headline names the stage that skipped, where it should have received and where it went instead;
+    # the deadlock between the two stages is its consequence
+    heads = [f for f in rep["findings"] if f["data"].get("role") == "headline"]
+    assert heads and (heads[0]["kind"], heads[0]["ranks"]) == ("unmatched_p2p", [1]), rep["verdict"]
+    recv_at = line_of("examples/pipeline_1f1b.py", "schedule.step(target=y, losses=losses)")
+    went_to = line_of("examples/pipeline_1f1b.py", "dist.barrier()")
+    assert rep["verdict"].startswith("UNMATCHED P2P: rank 1 skipped the recv from rank 0"), rep["verdict"]
+    assert f"examples/pipeline_1f1b.py:{recv_at}" in rep["verdict"], rep["verdict"]
+    assert f"examples/pipeline_1f1b.py:{went_to}" in rep["verdict"], rep["verdict"]
+    assert not any(f["kind"] == "deadlock" and f["data"].get("role") == "headline" for f in rep["findings"])
 
 
 def test_timeout_s_dumps_evidence_and_lets_the_job_go_on(tmp_path):

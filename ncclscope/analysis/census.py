@@ -235,6 +235,10 @@ def _stack_rule(trace, coll: pd.DataFrame, r: int, g: str, site: str, step: int,
     x = _site_in_stack(stack_call_sites(text), set(order))
     if not x or x == site:
         return None
+    # The others must be where the step's order puts them: if their call at this position is not the
+    # order's, they left it themselves (a skip of theirs the dead rank paired with), no evidence against it.
+    if 0 <= pos < len(order) and order[pos] != site:
+        return None
     # X must come after Y in the step: it went past Y (a skip), not back to an earlier one.
     py = pos if 0 <= pos < len(order) and order[pos] == site else order.index(site)
     later = [i for i, o in enumerate(order) if o == x and i > py]
@@ -290,12 +294,27 @@ def _span_rule(trace, ix, coll: pd.DataFrame, r: int, site: str, step: int):
 MAX_SEQUENCE_RANKS = 64
 
 
+def _dead_at_site(ix, g: str, r: int, site: str) -> list[int]:
+    """Dead members of `g` (not `r`) whose stack dump's innermost known call site is `site`."""
+    stacks = getattr(ix.trace, "stacks", None) or {}
+    st = ix.rank_states
+    out = []
+    for q in ix.members.get(g, []):
+        if q == r or q not in st.index or not bool(st.at[q, "dead"]) or not str(stacks.get(q, "")).strip():
+            continue
+        if _site_in_stack(stack_call_sites(stacks[q]), {site}) == site:
+            out.append(int(q))
+    return out
+
+
 def sequence_skips(ix, ranks: list[int]) -> pd.DataFrame:
     """Ranks whose call sites on a group in their last (unfinished) step depart from their own previous
     step by jumping ahead: where step s-1 went Y, X, the rank went X at the instance the others posted Y.
 
     The rank skipped Y; its X paired with the others' Y (a size or dtype mismatch, garbage counts, a
-    hang one instance off). Same columns as `deviations_before_death` (basis "sequence")."""
+    hang one instance off). The others' record of that instance must show them at Y; when gloo aborted
+    the partner and its rows of the instance died with it, its stack dump in Y says the same. Same
+    columns as `deviations_before_death` (basis "sequence")."""
     cols = ["rank", "process_group", "seq", "step", "call_site", "op_name", "ref_ranks", "basis", "went_site", "note"]
     coll = ix.coll
     if not len(coll) or not ranks:
@@ -319,11 +338,19 @@ def sequence_skips(ix, ranks: list[int]) -> pd.DataFrame:
         op_row = now.iloc[i]
         k = int(op_row["collective_seq_id"])
         inst = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k) & (coll["rank"] != r)]
-        if not len(inst) or not (inst["call_site"] == y).all():
+        seen_in = ""
+        if not len(inst):
+            # the partner's rows of #k died with it (gloo's abort): its stack dump still says where it was
+            refs = _dead_at_site(ix, g, r, y)
+            seen_in = "; the partner's stack shows it in " + y if refs else ""
+        else:
+            refs = sorted(int(q) for q in inst["rank"]) if (inst["call_site"] == y).all() else []
+        if not refs:
             continue                        # the others were not at Y there: no evidence it paired off
         yop = str(prev.iloc[i]["op_name"])
         rows.append({"rank": r, "process_group": g, "seq": k, "step": s, "call_site": y, "op_name": yop,
-                     "ref_ranks": sorted(int(q) for q in inst["rank"]), "basis": "sequence", "went_site": x,
-                     "note": f"its #{k} was {op_row['op_name']} from {x}, which comes after {y} in its step {s - 1}"})
+                     "ref_ranks": refs, "basis": "sequence", "went_site": x,
+                     "note": f"its #{k} was {op_row['op_name']} from {x}, which comes after {y} in its step {s - 1}"
+                             + seen_in})
     out = pd.DataFrame(rows, columns=cols)
     return out.sort_values(["step", "seq"], kind="stable").drop_duplicates("rank").reset_index(drop=True)

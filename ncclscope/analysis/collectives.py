@@ -38,7 +38,8 @@ from .. import schema as S
 from ..findings import Evidence, Finding, InstanceRef, WaitSummary
 from .index import IndexLike, TraceIndex, as_index
 from .instances import find_deviations, find_history_deviations, merge_history, type_value
-from .labels import fmt_ranks, rank_label, seconds
+from .labels import fmt_ranks, rank_label
+from .wording import since as since_text
 
 if TYPE_CHECKING:
     from ..trace import Trace
@@ -82,6 +83,13 @@ def _mismatch_findings(ix: TraceIndex, dev: pd.DataFrame, max_per_group: int) ->
     return findings
 
 
+def _deviant_site(inst: pd.DataFrame, ranks: list[int]) -> str:
+    """The call site the (first) deviant rank issued the instance from, "" when not recorded."""
+    mine = inst[inst["rank"].isin(ranks)]["call_site"].astype(str) if "call_site" in inst.columns else pd.Series([], dtype=str)
+    mine = mine[mine != ""]
+    return str(mine.iloc[0]) if len(mine) else ""
+
+
 def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: pd.DataFrame) -> Finding:
     trace, coll, members, end_ns = ix.trace, ix.coll, ix.members, ix.end_ns
     ranks = sorted(int(r) for r in isub["rank"])
@@ -119,7 +127,8 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
         title += f" (and in {later} later instance{'s' if later > 1 else ''})"
     notok = inst[inst["status"] != S.STATUS_OK]
     if len(notok):
-        title += f"; {rank_label(trace, notok['rank'])} blocked in it for {seconds(end_ns - int(notok['start_ns'].min()))}"
+        title += (f"; {rank_label(trace, notok['rank'])} blocked in it"
+                  + since_text(end_ns, notok['start_ns'].min(), " for "))
     ev = []
     for r in inst.itertuples(index=False):
         is_dev = int(r.rank) in set(int(x) for x in rows["rank"])
@@ -132,7 +141,8 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
                    data={"process_group": g, "seq": k, "categories": cats, "ambiguous": tie,
                          "deviant_ranks": sorted(int(x) for x in rows["rank"].unique()),
                          "later_instances": later, "unfinished": bool(len(notok)),
-                         "basis": "history" if history else "instance", "absent_ranks": absent})
+                         "basis": "history" if history else "instance", "absent_ranks": absent,
+                         "call_site": _deviant_site(inst, named)})
 
 
 def _end_states(trace: Trace, ranks: list[int]) -> str:
@@ -204,7 +214,7 @@ def _missing_findings(ix: TraceIndex, max_per_group: int, max_total: int = 12) -
         b = began[(began["process_group"] == g) & (began["seq"] == k)].sort_values("rank")
         op = str(b["op_name"].mode().iloc[0]) if len(b) else "collective"
         waiting = b[b["status"] != S.STATUS_OK]
-        since = seconds(end - int(waiting["start_ns"].min())) if len(waiting) else "?"
+        since = since_text(end, waiting["start_ns"].min()) if len(waiting) else ""      # "" where no time
         if len(sub) == 1:
             m = int(sub["max_seq"].iloc[0])
             stops = f"its last was #{m}" if m > 0 else f"it posted none on {g}"
@@ -214,9 +224,9 @@ def _missing_findings(ix: TraceIndex, max_per_group: int, max_total: int = 12) -
         title = (f"{rank_label(trace, absent)} never posted {op} #{k} on {ix.label(g)} "
                  f"({stops}); {rank_label(trace, b['rank'])} began it")
         if len(waiting) == len(b):
-            title += f" and {'is' if len(b) == 1 else 'are'} waiting since {since}"
+            title += f" and {'is' if len(b) == 1 else 'are'} waiting{since}"
         elif len(waiting):
-            title += f"; {len(waiting)} still waiting since {since}"
+            title += f"; {len(waiting)} still waiting{since}"
         ev = [Evidence(rank=int(r.rank), note=f"never began #{k} (highest #{int(r.max_seq)} on {g})",
                        op_name=op, process_group=g, seq=k) for r in sub.head(16).itertuples(index=False)]
         ev += [Evidence(rank=int(r.rank), note=f"began #{k}: {r.status}", op_name=str(r.op_name),

@@ -87,7 +87,7 @@ def _latency_stats(df: pd.DataFrame, keys: list[str], lat: str) -> pd.DataFrame:
     out = g.agg(count=(lat, "size"), bytes_total=("bytes", "sum"), bytes_median=("bytes", "median"),
                 lat_p50_ms=(lat, "median"), lat_max_ms=(lat, "max"), algbw_gbs=("algbw_gbs", "median"),
                 busbw_gbs=("busbw_gbs", "median"))
-    q = g[lat].quantile([0.9, 0.99]).unstack()
+    q = g[lat].quantile([0.9, 0.99]).unstack().reindex(columns=[0.9, 0.99])   # no columns when all are NaN
     out["lat_p90_ms"], out["lat_p99_ms"] = q[0.9], q[0.99]
     cols = ["count", "bytes_total", "bytes_median", "lat_p50_ms", "lat_p90_ms", "lat_p99_ms", "lat_max_ms",
             "algbw_gbs", "busbw_gbs"]

@@ -21,7 +21,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
-from ..findings import Finding, Role, Severity, sort_findings
+from ..findings import Finding, FindingKind, Role, Severity, sort_findings
 from .headline import OK_VERDICT, hang_verdict, prefix  # noqa: F401  (re-exported)
 
 if TYPE_CHECKING:
@@ -91,6 +91,12 @@ def compose_verdict(diagnosis: "Diagnosis | None", perf_findings: list[Finding],
     """(verdict line, level) from the hang diagnosis and the performance findings."""
     if diagnosis is not None and not diagnosis.ok:
         return diagnosis.verdict, "error"
+    # A rank that died with nobody waiting on it is no hang, but the job did not end well: never OK
+    # (a healthy run has no dead rank, so this costs no false alarm)
+    dead = [f for f in (diagnosis.findings if diagnosis is not None else [])
+            if f.kind == FindingKind.DEAD_RANK and f.severity == Severity.WARNING]
+    if dead:
+        return f"{prefix(dead[0].kind)}: {dead[0].title}", "warning"
     serious = sort_findings([f for f in perf_findings if f.severity in (Severity.ERROR, Severity.WARNING)])
     if serious:
         top = serious[0]

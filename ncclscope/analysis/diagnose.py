@@ -18,9 +18,14 @@ People need one headline per root cause, so this module:
    blocked in or before it: that is the first rank to deviate, even when an
    innocent neighbour crashed on the mismatch or everybody timed out; a
    `schedule_deviation` of a rank in a deadlock (schedule_check.py); a skip
-   that a death, a tie or a hang followed (`skips_before_death`)). The first
-   deviation is the root cause: the death or deadlock it led to stays listed
-   as supporting;
+   that a death, a tie or a hang followed (`skips_before_death`); a
+   `wrong_group` before the death of a member of the group it went to or was
+   meant for, alive at the wrong call (groups.with_partner_deaths: gloo pairs
+   the wrong call with that member's own and aborts it); an `unmatched_p2p`
+   whose absent side left its own routine there (p2p.with_departure: in step
+   s-1 it posted the counterpart at this point, in step s it went elsewhere),
+   over the deadlock or hang between the two). The first deviation is the
+   root cause: the death or deadlock it led to stays listed as supporting;
 3. files the collective / p2p / group findings about the same ranks or
    instance under it as supporting (`role == Role.SUPPORTING`,
    `supports` = the headline's title);
@@ -34,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
+from .. import schema as S
 from ..findings import SEVERITIES, Evidence, Explains, Finding, InstanceRef, Role
 from .headline import OK_VERDICT, hang_verdict
 from .census import deviations_before_death, sequence_skips
@@ -42,6 +48,7 @@ from .collectives import analyze_collectives
 from .groups import analyze_groups
 from .index import TraceIndex, index_of
 from .labels import rank_label
+from .late_arrival import find_late_arrivals
 from .p2p import analyze_p2p
 from .schedule_check import analyze_schedule
 from .stacks import stack_for
@@ -52,7 +59,9 @@ if TYPE_CHECKING:
     from ..trace import Trace
 
 ROOT_KINDS = ("deadlock", "hang", "dead_rank", "stuck_in_compute")
-PROMOTABLE = ("wrong_group", "collective_mismatch", "schedule_deviation", "hang")
+PROMOTABLE = ("wrong_group", "collective_mismatch", "schedule_deviation", "hang", "unmatched_p2p",
+              "stuck_in_compute")   # the last only as a late arrival (late_arrival.py)
+DEPARTURE_EXPLAINS = ("deadlock", "hang")
 SCHEDULE_EXPLAINS = ("deadlock", "hang", "dead_rank")
 _ROLE_ORDER = {"headline": 0, "independent": 1, "supporting": 2}
 MAX_EVIDENCE = 60
@@ -88,7 +97,7 @@ def diagnose(trace: Trace, max_per_group: int = 5) -> Diagnosis:
     roots = [f for f in wr.findings if f.severity == "error"]
     context = [f for f in wr.findings if f.severity != "error"]
     sched = analyze_schedule(ix)
-    before = skips_before_death(ix, roots) + mismatches_before_death(ix, roots)
+    before = skips_before_death(ix, roots) + mismatches_before_death(ix, roots) + find_late_arrivals(ix)
     findings = combine(trace, *fr_roots(ix, roots, cr.findings + sched + before + pr.findings + gr.findings + context))
     tables = {"wait_edges": wr.edges, "blocking_ops": wr.blocking, "rank_states": wr.ranks,
               "collective_instances": cr.instances, "collective_deviations": cr.deviations,
@@ -171,7 +180,15 @@ def mismatches_before_death(ix: TraceIndex, roots: list[Finding]) -> list[Findin
     if not len(lone):
         return []
     lone = lone.assign(n_notok=lone["n_notok"].clip(lower=1))      # a candidate whatever its status
-    dev = find_history_deviations(coll, lone, pd.DataFrame(columns=DEVIATION_COLUMNS), ix.kinds)
+    # References: every call the rank made from those sites, whatever its status. What a call passed does not
+    # depend on how it ended, and after the partner's death the rank's later calls there all fail.
+    sites = coll.merge(lone[["process_group", "seq"]], left_on=["process_group", "collective_seq_id"],
+                       right_on=["process_group", "seq"])["call_site"].unique()
+    pool = coll[coll["call_site"].isin(sites).to_numpy()]
+    pool = pool.assign(status=S.STATUS_OK)
+    dev = find_history_deviations(pool, lone, pd.DataFrame(columns=DEVIATION_COLUMNS), ix.kinds)
+    if len(dev) and "status" in dev.columns:     # the candidates' own status, as recorded
+        dev = dev.drop(columns="status").merge(coll[["rank", "op_id", "status"]], on=["rank", "op_id"], how="left")
     dev = dev[~dev["rank"].isin(dead)] if len(dev) else dev
     out = []
     for (g, k), sub in (dev.groupby(["process_group", "seq"], sort=True) if len(dev) else []):
@@ -182,7 +199,9 @@ def mismatches_before_death(ix: TraceIndex, roots: list[Finding]) -> list[Findin
                  f"{note or 'its own other calls there'} {'passed' if c == 'size' else 'used' if c == 'dtype' else 'called'}"
                  f" {m}" for c, v, m, note in zip(sub["category"], sub["value"], sub["majority"], sub["ref_note"])]
         op = str(sub["op_name"].iloc[0])
-        title = (f"{rank_label(trace, ranks)} deviates in {op} #{k} on {ix.label(g)}: " + "; ".join(parts)
+        site = str(sub["call_site"].iloc[0])
+        title = (f"{rank_label(trace, ranks)} deviates in {op} #{k} on {ix.label(g)}"
+                 + (f" at {site}" if site else "") + ": " + "; ".join(parts)
                  + f"; {rank_label(trace, absent)} left no record of #{k}")
         ev = [Evidence(rank=int(r.rank), note=f"deviant: {r.category} {r.value} vs {r.majority}; {r.status}",
                        op_name=str(r.op_name), process_group=g, seq=k, op_id=int(r.op_id), time_ns=int(r.start_ns))
@@ -190,21 +209,27 @@ def mismatches_before_death(ix: TraceIndex, roots: list[Finding]) -> list[Findin
         out.append(Finding(kind="collective_mismatch", severity="error", title=title, ranks=ranks, evidence=ev,
                            instance=InstanceRef(g, k),
                            data={"process_group": g, "seq": k, "categories": sorted(set(sub["category"])),
-                                 "deviant_ranks": ranks, "absent_ranks": absent, "basis": "history",
+                                 "deviant_ranks": ranks, "absent_ranks": absent, "basis": "history", "call_site": site,
                                  "before_death": True, "later_instances": 0, "unfinished": False,
                                  "ambiguous": False}))
     return out
 
 
 def explains(cause: Finding, root: Finding) -> bool:
-    """Does a wrong_group / type-size-dtype mismatch / schedule deviation / skip before a death account
-    for this wait-for root?"""
+    """Does a wrong_group / type-size-dtype mismatch / schedule deviation / skip before a death / skipped
+    p2p account for this wait-for root?"""
     if cause.kind not in PROMOTABLE or cause.severity != "error" or cause.data.get("summary"):
         return False
+    if cause.kind == "stuck_in_compute":   # a late arrival: the peer's timeout and what followed are its doing
+        return (cause.data.get("basis") == "late-arrival" and root.kind in ROOT_KINDS
+                and bool(set(cause.involved) & root.involved_ranks))
     if cause.kind == "schedule_deviation":
         return root.kind in SCHEDULE_EXPLAINS and bool(set(cause.ranks) & root.involved_ranks)
     if cause.kind == "collective_mismatch" and cause.data.get("before_death"):
         return root.kind == "dead_rank" and bool(set(root.ranks) & set(cause.data.get("absent_ranks", [])))
+    if cause.kind == "unmatched_p2p":   # the absent side skipped it (p2p.with_departure): the wait between them
+        return (bool(cause.data.get("departure")) and root.kind in DEPARTURE_EXPLAINS
+                and {int(cause.data["poster"]), int(cause.data["absent"])} <= root.involved_ranks)
     if cause.kind == "hang":
         if not cause.data.get("before_death"):
             return False
@@ -217,7 +242,15 @@ def explains(cause: Finding, root: Finding) -> bool:
     g, k = inst
     blocked_at = _blocked_at(root)
     if cause.kind == "wrong_group":
-        return inst in blocked_at or bool(set(cause.ranks) & set(root.ranks))
+        # the waiters are in the instance it skipped, or in the one its wrong call made on the other group;
+        # or the root is the death of a member of either group, alive at the wrong call (gloo paired the
+        # wrong call with that member's own and aborted it: groups.with_partner_deaths)
+        if set(cause.ranks) & set(root.ranks):
+            return True
+        if root.kind == "dead_rank":     # a death it caused, not one that was there before it
+            return bool(set(root.ranks) & set(cause.data.get("partner_deaths", ())))
+        made = (str(cause.data.get("wrong_group", "")), int(cause.data.get("wrong_seq", -1)))
+        return inst in blocked_at or made in blocked_at
     if inst in blocked_at:
         return True
     # An earlier instance on the same group counts only if it never finished or the deviation
@@ -253,13 +286,15 @@ def _cause_order(c: Finding) -> tuple:
 def _consequence(cause: Finding) -> bool:
     """Causes whose root stays listed as their consequence (supporting): a schedule deviation's deadlock,
     a skip's death."""
-    return cause.kind == "schedule_deviation" or bool(cause.data.get("before_death"))
+    return (cause.kind == "schedule_deviation" or bool(cause.data.get("before_death"))
+            or bool(cause.data.get("departure")) or cause.data.get("basis") == "late-arrival")
 
 
 def _promote(trace: Trace, cause: Finding, root: Finding) -> Finding:
     title = cause.title
     summary = root.wait.text if root.wait is not None else ""
-    if root.kind == "dead_rank" and (not set(root.ranks) <= set(cause.ranks) or _consequence(cause)):
+    if (root.kind == "dead_rank" and (not set(root.ranks) <= set(cause.ranks) or _consequence(cause))) or (
+            root.kind == "deadlock" and cause.data.get("departure")):
         title += f"; then {root.title}"
     elif summary and "waiting" not in title and "blocked" not in title:
         title += f"; {summary}"

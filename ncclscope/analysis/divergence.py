@@ -15,8 +15,17 @@ first divergent step fit exactly one rank having kept its own gradient
 every stage, so the check solves for the reduced norms and keeps the rank for
 which they are possible); or a rank whose "reduced" grad norm equals its own
 local grad norm, while its peers' differ, never applied the reduction.
-Otherwise the replica with the highest dp index is named, and the finding
-says that the choice is a guess.
+Or by the job-wide global norm: it spans every parallel dimension, so it is
+one number for the whole job (checked: equal on every rank at every earlier
+step); in a tied pair the one member off the job-wide majority of that number
+at the first divergent step is the one that moved (`_world_norm_split`), and
+when several tied sets are decided so, only the set whose checksums moved
+apart most, by DECISIVE over every other, holds the cause (`_decisive_set`:
+the others moved with it, through the norm or the tokens they exchange).
+When no replica set can compare at all (each a single rank: experts carved
+out of dp hold different parameters on every dp rank), the job-wide norm is
+the comparison. Otherwise the replica with the highest dp index is named,
+and the finding says that the choice is a guess.
 
 Cause or inherited. Every rank of one model replica (its tp and pp partners,
 same dp coordinate) shares the global grad norm, and through it the clip
@@ -118,17 +127,22 @@ def _check_replicas(trace: Trace, m: pd.DataFrame, res: DivergenceResult) -> Non
         bad["same_local"] = (metric == "grad_norm_global") & (
             (bad["value"] - bad["grad_norm_local"]).abs() <= REL_TOL * np.maximum(bad["value"].abs(), 1e-12))
         frames.append(bad.assign(metric=metric))
+    world = _world_norm_split(m)
     if not frames:
-        return
+        if world is None:
+            return
+        frames.append(_world_rows(m, *world))   # no replica set can compare (every set a single rank)
     dev = pd.concat(frames, ignore_index=True)
     step0 = int(dev["step"].min())
     skip = _skip_signature(trace, m, step0, sorted(int(r) for r in dev.loc[dev["step"] == step0, "rank"].unique()))
+    off_world = world[1] if world is not None and world[0] == step0 and world[2] else None
     # Resolve ties once per replica set: the rank whose norms fit a skipped
     # reduction (see _skip_signature) and its model-parallel partners, else the
     # rank that kept its local gradient at the earliest tied step, else (a
     # guess) the highest dp index.
     tied = dev[dev["tie"]]
-    dev["guess"] = False
+    dev["guess"] = dev["guess_world"].fillna(False).astype(bool) if "guess_world" in dev else False
+    demoted: set[int] = set()
     if len(tied):
         n_same = tied.groupby(["replica_set", "step", "metric"])["same_local"].transform("sum")
         sig = tied[tied["same_local"] & (n_same < tied["n"])].sort_values("step")
@@ -137,11 +151,24 @@ def _check_replicas(trace: Trace, m: pd.DataFrame, res: DivergenceResult) -> Non
             rep = _replica_of(trace)
             mates = tied[[rep.get(int(r)) == rep.get(skip) for r in tied["rank"]]]
             blame = mates.drop_duplicates("replica_set").set_index("replica_set")["rank"]
+        elif off_world:
+            # the global norm is one number for the whole job (it was at every earlier step): in a tied set,
+            # the one member off the job-wide majority of that number is the one that moved
+            t0 = tied[tied["step"] == step0]
+            t0 = t0.assign(off=t0["rank"].isin(off_world))
+            n_off = t0.drop_duplicates(["replica_set", "rank"]).groupby("replica_set")["off"].sum()
+            pick = t0[t0["off"] & t0["replica_set"].map(n_off).eq(1)]
+            if len(pick):
+                blame = pick.drop_duplicates("replica_set").set_index("replica_set")["rank"]
         top = tied.sort_values(["dp", "rank"]).drop_duplicates("replica_set", keep="last").set_index("replica_set")["rank"]
         chosen = blame.reindex(top.index).fillna(top).astype("int64")
         keep = ~dev["tie"] | (dev["rank"].to_numpy() == dev["replica_set"].map(chosen).to_numpy())
         dev.loc[dev["tie"], "guess"] = ~dev.loc[dev["tie"], "replica_set"].isin(blame.index)
         dev = dev[keep]
+        if skip is None:
+            demoted = _decisive_set(m, tied, step0, chosen)
+            if demoted:
+                dev.loc[dev["rank"].isin(demoted), "guess"] = False
     dev = dev[["rank", "step", "replica_set", "metric", "value", "reference", "guess"]]
     frames = [dev]
     if not frames:
@@ -151,7 +178,7 @@ def _check_replicas(trace: Trace, m: pd.DataFrame, res: DivergenceResult) -> Non
     first = int(dev["step"].min())
     res.first_divergent_step = first
     at = dev[dev["step"] == first]
-    roots, affected, how = _causes(trace, dev, first, skip)
+    roots, affected, how = _causes(trace, dev, first, skip, demoted)
     ev = []
     for _, row in at.sort_values("rank", key=lambda r: ~r.isin(roots)).head(8).iterrows():
         role = "" if int(row["rank"]) in roots else " (inherited)"
@@ -244,10 +271,71 @@ def _skip_signature(trace: Trace, m: pd.DataFrame, step: int, candidates: list[i
     return fits[0] if len(fits) == 1 else None
 
 
-def _causes(trace: Trace, dev: pd.DataFrame, first: int, skip: int | None = None) -> tuple[list[int], list[int], str]:
-    """(causes, affected, how) from the deviations: see the module docstring."""
+def _world_norm_split(m: pd.DataFrame) -> tuple[int, set[int], bool] | None:
+    """(step, ranks off, decided) for the first step at which the ranks disagree on the global grad norm,
+    when it was one number for the whole job at every earlier step (at least one): then it is one number
+    by construction (it spans every parallel dimension), and its job-wide majority says which ranks moved.
+    `decided`: one value is held by more ranks than any other (else the split is a tie and `off` holds
+    the ranks of every value but the lowest-ranked one's). None without such a history."""
+    g = m[["rank", "step", "grad_norm_global"]].dropna()
+    g = g[np.isfinite(g["grad_norm_global"])]
+    if not len(g) or g["rank"].nunique() < 2:
+        return None
+    by = g.groupby("step")["grad_norm_global"]
+    spread = (by.max() - by.min()) > REL_TOL * np.maximum(by.median().abs(), 1e-12)
+    if not spread.any():
+        return None
+    step = int(spread[spread].index.min())
+    if not (spread.index < step).any():
+        return None                               # no earlier step shows it was one number
+    at = g[g["step"] == step]
+    vals = at["grad_norm_global"].to_numpy()
+    key = np.round(vals / max(float(np.abs(vals).max()), 1e-12), 9)
+    counts = pd.Series(key).value_counts()
+    decided = len(counts) > 1 and counts.iloc[0] > counts.iloc[1]
+    ref = counts.index[0] if decided else key[np.argmin(at["rank"].to_numpy())]
+    return step, {int(r) for r, k in zip(at["rank"], key) if k != ref}, bool(decided)
+
+
+def _world_rows(m: pd.DataFrame, step: int, off: set[int], decided: bool) -> pd.DataFrame:
+    """Deviation rows of the global norm against the job-wide vote, for traces whose replica sets cannot
+    compare (each a single rank: experts carved out of dp hold different parameters on every dp rank)."""
+    at = m[(m["step"] == step) & m["rank"].isin(off)]
+    ref = m[(m["step"] == step) & ~m["rank"].isin(off)]["grad_norm_global"].median()
+    return pd.DataFrame({"rank": at["rank"].to_numpy(), "step": step, "replica_set": -1, "dp": at["dp"].to_numpy(),
+                         "value": at["grad_norm_global"].to_numpy(), "grad_norm_local": at["grad_norm_local"].to_numpy(),
+                         "reference": ref, "n": len(m[m["step"] == step]), "total": np.nan, "tie": False,
+                         "same_local": False, "metric": "grad_norm_global", "guess_world": not decided})
+
+
+def _decisive_set(m: pd.DataFrame, tied: pd.DataFrame, step: int, chosen: pd.Series) -> set[int]:
+    """Ranks chosen in tied replica sets other than the one whose parameter checksums moved apart most, by
+    DECISIVE over every other tied set at `step`: they moved with it (through the global norm, the tokens
+    they exchange), their own parameters did not diverge. Empty when no set stands out that far."""
+    sets = sorted(int(x) for x in tied["replica_set"].unique())
+    if len(sets) < 2:
+        return set()
+    ck = m[m["step"] == step][["rank", "replica_set", "param_checksum"]].dropna()
+    ck = ck[ck["replica_set"].isin(sets)]
+    g = ck.groupby("replica_set")["param_checksum"]
+    rel = ((g.max() - g.min()) / g.median().abs().clip(lower=1e-12)).sort_values(ascending=False)
+    if len(rel) < 2 or not rel.iloc[0] > 0 or rel.iloc[0] < DECISIVE * rel.iloc[1]:
+        return set()
+    return {int(chosen[s]) for s in rel.index[1:] if s in chosen.index}
+
+
+def _causes(trace: Trace, dev: pd.DataFrame, first: int, skip: int | None = None,
+            demoted: set[int] | None = None) -> tuple[list[int], list[int], str]:
+    """(causes, affected, how) from the deviations: see the module docstring. `demoted` ranks are affected,
+    never causes (_decisive_set)."""
     at = dev[dev["step"] == first]
     everyone = sorted(int(r) for r in dev["rank"].unique())
+    if demoted:
+        rest = at[~at["rank"].isin(demoted)]
+        if len(rest):
+            roots, affected, how = _causes(trace, dev[~dev["rank"].isin(demoted)], first, skip)
+            return roots, sorted(set(affected) | (set(everyone) - set(roots))), (
+                how or "through the global grad norm: their own parameters moved far less")
     if skip is not None and skip in set(int(r) for r in at["rank"]):
         affected = [r for r in everyone if r != skip]
         return [skip], affected, (f"through the global grad norm; the norms and checksums single out rank {skip} "

@@ -15,22 +15,26 @@ These are cheap to detect from the recorded data:
                         of orthogonal slices.
 - `find_wrong_group`    `wrong_group`: a rank missing from a collective instance
                         called the same op from the same call site and step on
-                        another group instead.
+                        another group instead; `with_partner_deaths` adds the
+                        dead members of either group alive at the wrong call
+                        (gloo aborts the one it pairs the wrong call with).
 
 Membership, kinds and the missing participants come from the index
 (membership.py, instances.py); labels from labels.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import pandas as pd
 
 from ..findings import Evidence, Finding, InstanceRef, WaitSummary
 from .index import IndexLike, TraceIndex, as_index
-from .labels import group_label, kind_of, majority_vote, rank_label, seconds
+from .group_order import creation_order_findings
+from .labels import group_label, kind_of, majority_vote, rank_label
 from .membership import INFERRED_PREFIX
+from .wording import duration, wait_ns, wait_seconds
 
 if TYPE_CHECKING:
     from ..trace import Trace
@@ -50,10 +54,43 @@ def analyze_groups(source: IndexLike) -> GroupReport:
     ix = as_index(source)
     view_findings, table = check_group_views(ix)
     findings = view_findings + check_orthogonality(ix)
+    findings += [f for f in creation_order_findings(ix) if not any(set(f.ranks) & set(v.ranks) for v in view_findings)]
     wrong = find_wrong_group(ix)
     named = {int(r) for f in wrong for r in f.ranks}
     findings += wrong + [f for f in find_wrong_group_by_site(ix) if not set(f.ranks) & named]
+    findings = [with_partner_deaths(ix, f) if f.kind == "wrong_group" else f for f in findings]
     return GroupReport(findings=findings, view_deviations=table)
+
+
+DEATH_SLACK_NS = 1_500_000_000   # a rank's last record may precede its death by a heartbeat interval and a flush
+
+
+def with_partner_deaths(ix: TraceIndex, f: Finding) -> Finding:
+    """`f` with `data["partner_deaths"]`: the dead members (culprit aside) of the group the wrong call went
+    to or of the group it was meant for, that were still alive when the wrong call was posted.
+
+    gloo pairs the wrong call with whatever its new partners post on that group (or leaves the intended
+    group's members waiting): a size mismatch there SIGABRTs one of them, an innocent member. A death
+    among those members at or after the wrong call is its consequence (diagnose.explains). "Alive at the
+    call": the rank's last record (event or heartbeat) is at most DEATH_SLACK_NS before it, since a rank
+    blocked in a collective writes nothing until it dies; a rank with no record at all counts only when
+    it died of SIGABRT (gloo's abort), since nothing else says when it died."""
+    t = f.data.get("wrong_ns")
+    if t is None or t < 0:
+        return f
+    ms = set(ix.members.get(str(f.data.get("wrong_group", "")), [])) | set(ix.members.get(str(f.data.get(
+        "process_group", "")), []))
+    st = ix.rank_states
+    cand = sorted(r for r in ms - set(f.ranks) if r in st.index and bool(st.at[r, "dead"]))
+    deaths = []
+    for r in cand:
+        last = max(int(st.at[r, "last_event_ns"]), int(st.at[r, "last_hb_ns"]) if pd.notna(st.at[r, "last_hb_ns"])
+                   else -1)
+        if (last >= 0 and last + DEATH_SLACK_NS >= t) or (last < 0 and str(st.at[r, "signal"]) == "SIGABRT"):
+            deaths.append(int(r))
+    if not deaths:
+        return f
+    return replace(f, data={**f.data, "partner_deaths": deaths})
 
 
 def check_group_views(source: IndexLike, max_findings: int = 16) -> tuple[list[Finding], pd.DataFrame]:
@@ -264,7 +301,8 @@ def find_wrong_group_by_site(source: IndexLike, max_findings: int = 16) -> list[
     c = coll[(coll["call_site"] != "").to_numpy()]
     if not len(c):
         return []
-    c = c.assign(kind=c["process_group"].map(lambda n: kind_of(str(n), kinds)))
+    names = {n: kind_of(str(n), kinds) for n in pd.unique(c["process_group"])}   # per name, not per row
+    c = c.assign(kind=c["process_group"].map(names).astype(str))
     c = c[~c["kind"].isin(["world", "custom"]).to_numpy()]
     use = c.groupby(["call_site", "kind"], sort=False).size().rename("n").reset_index()
     tot = use.groupby("call_site")["n"].transform("sum")
@@ -305,7 +343,7 @@ def _site_finding(ix: TraceIndex, r, g: str, k: int, peers: pd.DataFrame) -> Fin
     since = _since(ix, waiting["start_ns"])
     if len(waiting):
         title += (f"; {rank_label(trace, waiting['rank'])} waiting in {waiting['op_name'].iloc[0]} #{k} on {g}"
-                  + (f" since {seconds(since)}" if since is not None else ""))
+                  + (f" since {duration(since)}" if duration(since) else ""))
     ev = [Evidence(rank=b, note=f"called it from {site} on {h} (#{int(r.collective_seq_id)}); that call site "
                                 f"goes to groups like {g} everywhere else", op_name=str(r.op_name),
                    process_group=h, seq=int(r.collective_seq_id), op_id=int(r.op_id), time_ns=int(r.start_ns))]
@@ -315,23 +353,19 @@ def _site_finding(ix: TraceIndex, r, g: str, k: int, peers: pd.DataFrame) -> Fin
     ev += [Evidence(rank=int(w.rank), note=f"in {g} #{k}: {w.status}, waiting for rank {b}", op_name=str(w.op_name),
                     process_group=g, seq=k, op_id=int(w.op_id), time_ns=int(w.start_ns))
            for w in waiting.head(8).itertuples(index=False)]
-    wait_s = round(since / 1e9, 3) if since is not None else None
+    wait_s = wait_seconds(ix.end_ns, waiting["start_ns"].min()) if len(waiting) else None
     return Finding(kind="wrong_group", severity="error", title=title, ranks=[b], evidence=ev,
                    instance=InstanceRef(g, k),
                    wait=WaitSummary(waiting_ranks=tuple(int(x) for x in waiting["rank"]), wait_s=wait_s),
                    data={"process_group": g, "seq": k, "wrong_group": h, "call_site": site,
-                         "step": int(r.step), "basis": "call_site"})
+                         "step": int(r.step), "basis": "call_site", "wrong_seq": int(r.collective_seq_id),
+                         "wrong_ns": int(r.start_ns)})
 
 
 def _since(ix: TraceIndex, starts: pd.Series) -> int | None:
     """ns from the earliest of `starts` to the end of the trace; None when there is no usable time
     (no start, or an end that is not after it: a dump with no timestamps)."""
-    if not len(starts):
-        return None
-    t0 = int(starts.min())
-    if t0 <= 0 or ix.end_ns <= t0:
-        return None
-    return ix.end_ns - t0
+    return wait_ns(ix.end_ns, starts.min()) if len(starts) else None      # wording.wait_ns: the one rule
 
 
 def _site_kinds(coll: pd.DataFrame, c: pd.DataFrame, kind) -> dict[str, str]:
@@ -366,19 +400,20 @@ def _wrong_group_finding(ix: TraceIndex, g: str, k: int, sub: pd.DataFrame, inst
     since = _since(ix, waiting["start_ns"])
     if len(waiting):
         title += (f"; {rank_label(trace, waiting['rank'])} waiting in {row['op_name']} #{k} on {g}"
-                  + (f" since {seconds(since)}" if since is not None else ""))
+                  + (f" since {duration(since)}" if duration(since) else ""))
     ev = [Evidence(rank=int(r.rank), note=f"called it on {h} (#{int(r.wrong_seq)}) instead of {g}; "
                                            f"status {r.status}", op_name=str(r.op_name), process_group=h,
                    seq=int(r.wrong_seq), op_id=int(r.op_id), time_ns=int(r.start_ns))
           for r in sub.itertuples(index=False)]
     ev += [Evidence(rank=int(r.rank), note=f"in {g} #{k}: {r.status}"
-                    + (f", waiting since {seconds(_since(ix, pd.Series([r.start_ns])))}"
-                       if str(r.status) != "ok" and _since(ix, pd.Series([r.start_ns])) is not None else ""),
+                    + (f", waiting since {duration(_since(ix, pd.Series([r.start_ns])))}"
+                       if str(r.status) != "ok" and duration(_since(ix, pd.Series([r.start_ns]))) else ""),
                     op_name=str(r.op_name), process_group=g, seq=k, op_id=int(r.op_id), time_ns=int(r.start_ns))
            for r in began.head(16).itertuples(index=False)]
     return Finding(kind="wrong_group", severity="error", title=title, ranks=deviants, evidence=ev,
                    instance=InstanceRef(g, k), wait=WaitSummary(waiting_ranks=tuple(int(r) for r in waiting["rank"]),
-                                                                wait_s=round(since / 1e9, 3) if since is not None else None),
+                                                                wait_s=wait_seconds(ix.end_ns, waiting["start_ns"].min())
+                                                                if len(waiting) else None),
                    data={"process_group": g, "seq": k, "wrong_group": h, "call_site": str(row["ref_call_site"]),
-                         "step": step})
+                         "step": step, "wrong_seq": int(row["wrong_seq"]), "wrong_ns": int(sub["start_ns"].min())})
 

@@ -11,14 +11,19 @@ from a. What is left over is the evidence:
 - a send or recv with no counterpart whose own status is inflight / timeout /
   error: `unmatched_p2p` naming the rank that never posted the counterpart;
 - a matched pair that did not finish ok on both sides (in-flight pair): both
-  sides posted, so the wait is not about a missing op (sizes, transport).
+  sides posted, so the wait is not about a missing op (sizes, transport);
+- an unmatched op whose absent side left its own routine there (in step s-1
+  it posted the counterpart at this point of the step, in step s it went to
+  another call site and never posted it, while the poster repeats its own
+  step s-1): the absent side skipped it (`with_departure`), the first
+  deviation behind the deadlock or hang between them.
 
 Vectorised: one outer merge of the sends against the recvs (p2p_pairs.py, built once
 by the index).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -26,7 +31,8 @@ import pandas as pd
 from .. import schema as S
 from ..findings import Evidence, Finding
 from .index import IndexLike, TraceIndex, as_index
-from .labels import rank_label, seconds
+from .labels import rank_label
+from .wording import since
 
 
 @dataclass
@@ -51,7 +57,7 @@ def analyze_p2p(source: IndexLike, max_findings: int = 16) -> P2PReport:
     unmatched = pairs[pairs["state"] != "matched"].reset_index(drop=True)
     inflight = pairs[(pairs["state"] == "matched")
                      & (_unfinished(pairs["send_status"]) | _unfinished(pairs["recv_status"]))].reset_index(drop=True)
-    findings = _unmatched_findings(ix, unmatched, max_findings)
+    findings = [with_departure(ix, f) for f in _unmatched_findings(ix, unmatched, max_findings)]
     return P2PReport(findings=findings, pairs=pairs, unmatched=unmatched, inflight=inflight)
 
 
@@ -69,7 +75,7 @@ def _unmatched_findings(ix: TraceIndex, unmatched: pd.DataFrame, max_findings: i
             "absent": df[absent_col].astype("int64"), "src": df["src"], "dst": df["dst"],
             "tag": df["tag"], "seq": df["seq"], "op_id": df[f"{side}_op_id"].astype("int64"),
             "op_name": df[f"{side}_op_name"].astype(str), "status": df[f"{side}_status"].astype(str),
-            "start_ns": df[f"{side}_start_ns"].astype("int64"),
+            "start_ns": df[f"{side}_start_ns"].astype("int64"), "step": df[f"{side}_step"].astype("int64"),
             "process_group": df[f"{side}_process_group"].astype(str),
         }))
     if not rows:
@@ -98,7 +104,7 @@ def _unmatched_findings(ix: TraceIndex, unmatched: pd.DataFrame, max_findings: i
                         f"with tag {int(hint.loc[hk, 'other_tag'])} instead)")
         title = (f"{rank_label(trace, [int(absent)])} never posted the {other} matching rank {int(poster)}'s "
                  f"{first['op_name']} #{int(first['seq'])} (tag {int(first['tag'])}) {prep} it{tag_note}; "
-                 f"rank {int(poster)} waiting in it ({first['status']}) since {seconds(end - int(first['start_ns']))}")
+                 f"rank {int(poster)} waiting in it ({first['status']}){since(end, first['start_ns'])}")
         if len(sub) > 1:
             title += f" ({len(sub) - 1} more unmatched {side}s between them)"
         ev = [Evidence(rank=int(r.poster), note=f"{r.status}; no matching {other} on rank {int(r.absent)}",
@@ -108,9 +114,71 @@ def _unmatched_findings(ix: TraceIndex, unmatched: pd.DataFrame, max_findings: i
         findings.append(Finding(
             kind="unmatched_p2p", severity="error", title=title, ranks=[int(absent)], evidence=ev,
             data={"poster": int(poster), "absent": int(absent), "side": str(side), "src": int(first["src"]),
+                  "op_step": int(first["step"]), "op_name": str(first["op_name"]),
                   "dst": int(first["dst"]), "tag": int(first["tag"]), "seq": int(first["seq"]),
                   "count": int(len(sub)), "tag_mismatch": bool(tag_note)}))
         if len(findings) >= max_findings:
             break
     return findings
 
+
+
+# --------------------------------------------------------------------------
+# The absent side left its own routine: a skipped p2p
+# --------------------------------------------------------------------------
+def step_tokens(ix: TraceIndex, rank: int, step: int) -> list[tuple[str, str, int, str]]:
+    """`rank`'s comm ops of one step in order, as (call site, direction or op name, peer, op name):
+    p2p ops by direction (send/isend are one token) and peer, collectives by op name."""
+    p, c = ix.p2p, ix.coll
+    ps = p[(p["rank"].to_numpy() == rank) & (p["step"].to_numpy() == step)]
+    cs = c[(c["rank"].to_numpy() == rank) & (c["step"].to_numpy() == step)]
+    rows = [(int(t), str(site), str(d), int(q), str(op)) for t, site, d, q, op in
+            zip(ps["start_ns"], ps["call_site"].astype(str), ps["direction"].astype(str), ps["peer"],
+                ps["op_name"].astype(str))]
+    rows += [(int(t), str(site), str(op), -1, str(op)) for t, site, op in
+             zip(cs["start_ns"], cs["call_site"].astype(str), cs["op_name"].astype(str))]
+    return [r[1:] for r in sorted(rows)]
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return a[:3] == b[:3]
+
+
+def with_departure(ix: TraceIndex, f: Finding) -> Finding:
+    """`f` (unmatched_p2p) with `data["departure"]` when the absent rank left its own routine there.
+
+    Training repeats itself: in step s-1 the absent rank posted, at this point of the step, the op that
+    would have matched (the recv from the poster, say); in step s it posted something else from
+    another call site (a barrier after the loop, the next step's first op) and never posted it, while
+    the poster's step s is so far its own step s-1 over again. The absent rank skipped it (a loader
+    that dropped a batch, an early `continue`): the first deviation, and the deadlock or hang between
+    them its consequence (diagnose.explains). Silent when either rank has no previous step to compare
+    with, or when the poster left its own routine too (nothing says which of them deviated)."""
+    d = f.data
+    r, q, s = int(d["absent"]), int(d["poster"]), int(d.get("op_step", -1))
+    if s < 1:
+        return f
+    other = "recv" if d["side"] == "send" else "send"
+    got, ref = step_tokens(ix, r, s), step_tokens(ix, r, s - 1)
+    mine, mine_ref = step_tokens(ix, q, s), step_tokens(ix, q, s - 1)
+    if not got or not ref or not mine or len(mine) > len(mine_ref):
+        return f
+    if not all(_same(a, b) for a, b in zip(mine, mine_ref)):
+        return f                               # the poster departed from its own routine too
+    i = next((j for j, (a, b) in enumerate(zip(got, ref)) if not _same(a, b)), -1)
+    if i < 0:
+        return f                               # a prefix of its previous step: it is just behind
+    want = next((t for t in ref[i:] if t[1] == other and t[2] == q), None)
+    if want is None or got[i][0] == want[0] or any(t[1] == other and t[2] == q for t in got[i:]):
+        return f
+    x_site, x_op = got[i][0], got[i][3]
+    trace = ix.trace
+    prep = "from" if other == "recv" else "to"
+    went = f"{x_op}" + (f" {'to' if got[i][1] == 'send' else 'from'} rank {got[i][2]}" if got[i][2] >= 0 else "")
+    title = (f"{rank_label(trace, [r])} skipped the {other} {prep} rank {q} at step {s} ({want[0]}): where its "
+             f"step {s - 1} posted {want[3]} {prep} rank {q}, it went to {went} ({x_site}), so rank {q}'s "
+             f"{d.get('op_name', d['side'])} #{int(d['seq'])} (tag {int(d['tag'])}) {'to' if other == 'recv' else 'from'}"
+             f" it is never matched")
+    dep = {"step": s, "call_site": want[0], "went_site": x_site, "went_op": x_op, "position": i}
+    return replace(f, title=title, data={**d, "departure": dep, "call_site": want[0]},
+                   involved=sorted({r, q}))

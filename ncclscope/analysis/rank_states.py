@@ -25,6 +25,7 @@ import pandas as pd
 from .. import schema as S
 from ..trace import STATUS_INFLIGHT
 from .labels import NS, plain_str, seconds, trace_start_ns
+from .wording import missing_reason
 
 if TYPE_CHECKING:
     from ..trace import Trace
@@ -186,7 +187,7 @@ def _dead_reason(trace: Trace, r: int, row: pd.Series) -> str:
     """"was killed (SIGKILL) at step 4; last sign of life at 4.0 s (8.0 s before the end)"."""
     t0 = trace_start_ns(trace)
     if row.state == "missing":
-        return "left no trace directory (it died before writing, or its files are gone)"
+        return missing_reason(trace)       # "left no trace directory" / "left no Flight Recorder dump" / ...
     at_step = f" at step {int(row.last_step)}" if row.last_step >= 0 else ""
     life = ""
     if row.hb_stale:

@@ -1,11 +1,17 @@
 """Two questions the wait-for graph cannot answer on its own, asked by diagnose.
 
 - `stopped_roots`: every rank stopped with no op in flight, yet the job had
-  more to do (groups were created that no collective ever used). Nothing waits
-  on anybody, so the graph finds no root and the verdict would read OK; it must
-  say what is known instead (`no_op_in_flight`, "STOPPED"): where the ranks
-  stopped, that no collective was in flight, and what that leaves (the job hung
-  or died outside collectives, for example in group creation).
+  more to do: groups were created that no collective ever used (pg_config
+  lists them), or, in a Flight Recorder dump whose pg_config is empty (gloo),
+  every rank's dump was written longer after its last op than that op's own
+  collective timeout (`timeout_ms`): each rank sat outside any collective for
+  longer than a collective may take, and something then dumped it (a watchdog,
+  a signal, the launcher). Nothing waits on anybody, so the graph finds no
+  root and the verdict would read OK; it must say what is known instead
+  (`no_op_in_flight`, "STOPPED"): where the ranks stopped, that no collective
+  was in flight, and what that leaves (the job hung or died outside
+  collectives, for example in group creation). A dump taken right after the
+  last op (a healthy job dumped on demand) has neither and stays OK.
 
 - `resolve_by_history`: a type/size/dtype vote the instance cannot decide. A
   2-member group splits 1 vs 1, and when gloo aborts the innocent partner on a
@@ -26,8 +32,10 @@ from .. import schema as S
 from ..findings import Evidence, Finding, InstanceRef
 from .index import IndexLike, as_index
 from .labels import fmt_ranks, rank_label
+from .wording import duration
 
 HISTORY_MIN = 2                 # earlier calls that must agree before a rank's history counts
+DUMP_MARKER = "flight_recorder_dump"   # ingest.flight_recorder.DUMP_MARKER: one row per dump, at its mtime
 _CATEGORIES = ("type", "size", "dtype")
 
 
@@ -35,9 +43,10 @@ def fr_roots(source: IndexLike, roots: list[Finding], others: list[Finding]) -> 
     """(roots, others) for `diagnose.combine`, with what this module knows folded in:
 
     - ties and lone records decided by history (`resolve_by_history`);
-    - a group-creation disagreement (ranks' views of a group's members differ) about ranks the
-      wait-for roots involve comes first: groups built differently pair the wrong processes, and
-      the hang or deadlock that follows is its consequence (filed under it as supporting);
+    - a group-creation disagreement (ranks' views of a group's members differ, or one rank created its
+      groups in another order: group_order.py) about ranks the wait-for roots involve comes first:
+      groups built differently pair the wrong processes, and the hang or deadlock that follows is its
+      consequence (filed under it as supporting); with no wait-for root, the first error heads;
     - the stopped job (`stopped_roots`) when nothing else is known.
     """
     others = resolve_by_history(source, others)
@@ -72,31 +81,103 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         used |= set(p2p["process_group"].astype(str))
     unused = sorted((n for n, g in ix.recorded.items() if g.kind != "world" and g.size >= 2 and n not in used),
                     key=lambda n: (len(n), n))
-    if not unused:
+    idle = None if unused else _idle_before_dump(ix, present)
+    if not unused and (idle is None or not idle["idle"].any()):
         return []
-    where = _last_ops(ix, present)
-    shown = ", ".join(ix.label(n) for n in unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
-    title = (f"all ranks stopped after {where}, no collective in flight: the job hung or died outside "
-             f"collectives, for example in group creation ({len(unused)} process group"
-             f"{'s' if len(unused) != 1 else ''} {shown} {'were' if len(unused) != 1 else 'was'} created but "
-             f"no collective ever ran on {'them' if len(unused) != 1 else 'it'})")
+    stopped, others, went = list(present), [], ""
+    if idle is not None and not idle["idle"].all():
+        # some ranks sat idle past their timeout while the others went on: the others' last ops must all
+        # come after the stopped ranks' (they passed where the stopped ones stopped), else nothing is said
+        stopped = sorted(int(r) for r in idle.index[idle["idle"]])
+        others = sorted(int(r) for r in idle.index[~idle["idle"]])
+        t_stop = int(idle.loc[stopped, "t"].max())
+        if int(idle.loc[others, "t"].min()) <= t_stop:
+            return []
+        later = coll[coll["rank"].isin(others).to_numpy() & (coll["start_ns"] > t_stop).to_numpy()]
+        gs = sorted(set(later["process_group"].astype(str)), key=lambda n: (len(n), n))
+        went = ", ".join(gs[:6]) + (f" and {len(gs) - 6} more" if len(gs) > 6 else "")
+    where = _last_ops(ix, stopped)
+    if others:
+        head = (f"{rank_label(trace, stopped)} stopped after {where}, no collective in flight, while "
+                f"{rank_label(trace, others)} went on to collectives on {went}: the stopped ranks hung or died "
+                f"outside collectives, for example in group creation")
+    else:
+        head = (f"all ranks stopped after {where}, no collective in flight: the job hung or died outside "
+                f"collectives, for example in group creation")
+    if unused:
+        shown = ", ".join(ix.label(n) for n in unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
+        title = (f"{head} ({len(unused)} process group{'s' if len(unused) != 1 else ''} {shown} "
+                 f"{'were' if len(unused) != 1 else 'was'} created but no collective ever ran on "
+                 f"{'them' if len(unused) != 1 else 'it'})")
+    else:
+        sub = idle.loc[stopped]
+        lo, hi, tmo = int(sub["gap"].min()), int(sub["gap"].max()), int(sub["tmo"].max())
+        span = duration(lo) if duration(lo) == duration(hi) else f"{duration(lo)} to {duration(hi)}"
+        whose = "every rank's" if not others else ("its" if len(stopped) == 1 else "their")
+        title = (f"{head} ({whose} Flight Recorder dump{'s were' if others and len(stopped) > 1 else ' was'} "
+                 f"written {span} after {'its' if not others or len(stopped) == 1 else 'their'} last op, "
+                 f"longer than {'its' if not others or len(stopped) == 1 else 'their'} {duration(tmo)} "
+                 f"collective timeout)")
     ev = []
-    last = coll.sort_values(["rank", "start_ns"]).drop_duplicates("rank", keep="last") if len(coll) else coll
+    mine = coll[coll["rank"].isin(stopped).to_numpy()] if len(coll) else coll
+    last = mine.sort_values(["rank", "start_ns"]).drop_duplicates("rank", keep="last") if len(mine) else mine
     for r in last.itertuples(index=False):
+        gap = f"; its dump came {duration(int(idle.at[int(r.rank), 'gap']))} later" if idle is not None else ""
         ev.append(Evidence(rank=int(r.rank), note=f"last op {r.op_name} #{int(r.collective_seq_id)} on "
-                                                  f"{r.process_group}: {r.status}; nothing after it",
+                                                  f"{r.process_group}: {r.status}; nothing after it{gap}",
                            op_name=str(r.op_name), process_group=str(r.process_group), seq=int(r.collective_seq_id),
                            op_id=int(r.op_id), time_ns=int(r.start_ns)))
-    for r in sorted(set(present) - set(int(x) for x in last["rank"]) if len(last) else present):
+    for r in sorted(set(stopped) - set(int(x) for x in last["rank"]) if len(last) else stopped):
         ev.append(Evidence(rank=int(r), note="recorded no collective"))
-    return [Finding(kind="no_op_in_flight", severity="error", title=title, ranks=sorted(int(r) for r in present),
-                    evidence=ev[:60], involved=sorted(int(r) for r in present),
-                    data={"unused_groups": unused, "stopped_after": where})]
+    if others:
+        on = coll[coll["rank"].isin(others).to_numpy()].sort_values(["rank", "start_ns"])
+        for r in on.drop_duplicates("rank", keep="last").head(8).itertuples(index=False):
+            ev.append(Evidence(rank=int(r.rank), note=f"went on: last op {r.op_name} #{int(r.collective_seq_id)} "
+                                                      f"on {r.process_group}: {r.status}, dumped right after it",
+                               op_name=str(r.op_name), process_group=str(r.process_group),
+                               seq=int(r.collective_seq_id), op_id=int(r.op_id), time_ns=int(r.start_ns)))
+    data = {"unused_groups": unused, "stopped_after": where}
+    if idle is not None:
+        sub = idle.loc[stopped]
+        data["idle_before_dump_s"] = [round(int(sub["gap"].min()) / 1e9, 3), round(int(sub["gap"].max()) / 1e9, 3)]
+        data["went_on"] = others
+    return [Finding(kind="no_op_in_flight", severity="error", title=title, ranks=sorted(int(r) for r in stopped),
+                    evidence=ev[:60], involved=sorted(int(r) for r in present), data=data)]
+
+
+def _idle_before_dump(ix, present: list[int]) -> pd.DataFrame | None:
+    """Per present rank (index): `t` its last collective's time, `gap` ns from it to the rank's dump, `tmo`
+    that op's timeout in ns, `idle` gap > tmo (the rank sat outside any collective longer than one may take).
+    None where that cannot be said for every rank: no dump markers (not a dump, or file times not trusted),
+    a rank without a marker or a collective, no usable time (wording.wait_ns), no timeout."""
+    ev, coll = ix.trace.events, ix.coll
+    if not len(ev) or not len(coll) or "timeout_ms" not in ix.trace.ops.columns:
+        return None
+    marks = ev[(ev["op_name"].astype(str) == DUMP_MARKER).to_numpy()]
+    if not len(marks):
+        return None
+    dumped = marks.groupby("rank", observed=True)["t_ns"].max()
+    dumped.index = dumped.index.astype("int64")
+    ops = ix.trace.ops
+    ops = ops[(ops["kind"].astype(str) == S.KIND_COLLECTIVE).to_numpy()]
+    last = ops.assign(t=ops[["start_ns", "end_ns"]].max(axis=1)).sort_values(["rank", "t"])
+    last = last.drop_duplicates("rank", keep="last").set_index("rank")
+    last.index = last.index.astype("int64")
+    per = pd.DataFrame({"dumped": dumped, "t": last["t"], "tmo": last["timeout_ms"] * 1_000_000}).reindex(present)
+    if per.isna().any(axis=None):                  # a rank without a marker or without a collective
+        return None
+    per = per.astype("int64")
+    per["gap"] = per["dumped"] - per["t"]
+    if not ((per["t"] > 0) & (per["tmo"] > 0) & (per["gap"] >= 0)).all():
+        return None
+    per["idle"] = per["gap"] > per["tmo"]
+    return per
 
 
 def _last_ops(ix, present: list[int]) -> str:
     """"broadcast #1 on default_pg" when every rank's last op is the same instance, else a short list."""
     coll = ix.coll
+    coll = coll[coll["rank"].isin(present).to_numpy()] if len(coll) else coll
     if not len(coll):
         return "recording nothing"
     last = coll.sort_values(["rank", "start_ns"]).drop_duplicates("rank", keep="last")

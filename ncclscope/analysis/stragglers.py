@@ -25,14 +25,19 @@ Significance (what makes a `straggler` a warning). Ranks that share cores
 changes the exit code must stand out of the run's own noise on all of:
 
 - last arrivals, across steps and collectives: a training step counts as
-  "led" when the rank was last at a strict majority of its collectives in
-  it; the number of led steps k of n, against Binomial(n, p0) with p0 the mean of
-  1/members over its collectives (every member equally likely last; a
-  conservative null for "most of the step's collectives"): one-sided tail
+  "led" when the rank was last at the collectives that hold most of the
+  step's waiting (skew-weighted: a collective posted right after another,
+  with no compute between, is a coin flip that says nothing; by count when
+  no collective has a skew); the number of led steps k of n, against
+  Binomial(n, p0) with p0 the skew-weighted mean of 1/members over its
+  collectives (every member equally likely last): one-sided tail
   P(X >= k) <= ALPHA (0.01), and k >= MIN_STEP_FRAC (2/3) of n. Steps, not
   collectives, are the trials: a rank descheduled once is late at every
-  collective of that step, so collectives of one step are not independent
-  (with two-member groups, three steps can never be significant: 1/8);
+  collective of that step, so collectives of one step are not independent.
+  Power: with two-member groups no outcome of n steps is rarer than 2^-n
+  (six steps: 1/64 > ALPHA). Where even the most extreme outcome cannot reach
+  ALPHA, the rank must show that outcome (last in every step, at least
+  MIN_STEPS_ALL = 4) and its compute effect must reach POWER_Z = 2 * MIN_Z;
 - effect size: per counted step (the first step is left out when there are
   three or more: it carries warm-up), a rank's log compute minus the median
   of its healthy peers' (same pipeline position, the candidate excluded) in
@@ -46,8 +51,13 @@ changes the exit code must stand out of the run's own noise on all of:
   healthy peers' effects (two or more): the larger of 1.4826 * MAD and
   1.2533 * mean absolute deviation from the median (a handful of peers makes
   the MAD alone blind to one slow peer),
-  or, with a single peer, the standard error of the median of the per-step
-  log ratio (step-to-step consistency);
+  and, for the per-step median, at least the standard error of a median of
+  that many steps given the healthy peers' per-step spread pooled; or, with
+  a single peer, the larger of the standard error of the median of the
+  per-step log ratio (step-to-step consistency) and the same standard error
+  from the spread between the ranks of the other pipeline positions (one
+  peer cannot show how far two healthy ranks of this run drift apart; the
+  other positions' ranks can);
 - what-if saving: at least MIN_SAVING_FRAC (5%) of run time and 1 ms per step.
 
 A rank that passes the saving and last-arrival-share floors but not the
@@ -76,6 +86,9 @@ NOISE_FLOOR = 0.10       # floor of the spread, in log units (about 10%): z >= 3
 MIN_SAVING_FRAC = 0.05   # what-if saving floor, fraction of run time
 MIN_SAVING_STEP_NS = 1e6 # and per step
 MAD_SIGMA = 1.4826       # MAD -> standard deviation for a normal
+MIN_STEPS_ALL = 4        # steps a power-limited rank must have led, all of them
+POWER_Z = 2 * MIN_Z      # and the z its compute effect needs then
+MEDIAN_SE = 1.2533       # standard error of a median / (sigma / sqrt(n)) for a normal
 
 
 @dataclass
@@ -293,20 +306,32 @@ def _last_by_step(coll: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     rows = coll.loc[ok, ["rank", "step"]].copy()
     rows["last"] = (inst["last_rank"].to_numpy()[idx[ok]] == rows["rank"].to_numpy()).astype(np.int64)
     rows["p0"] = 1.0 / inst["members"].to_numpy()[idx[ok]]
+    skew = inst["skew_ns"].to_numpy()[idx[ok]].astype(np.float64)
+    rows["w"] = skew
+    rows["wk"] = skew * rows["last"].to_numpy()
+    rows["wp0"] = skew * rows["p0"].to_numpy()
     return rows.groupby(["rank", "step"], as_index=False).agg(n=("last", "size"), k=("last", "sum"),
-                                                              p0_sum=("p0", "sum"))
+                                                              p0_sum=("p0", "sum"), w=("w", "sum"),
+                                                              wk=("wk", "sum"), wp0_sum=("wp0", "sum"))
 
 
 def _significance(trace: Trace, r: int, led: pd.DataFrame, cstep: pd.DataFrame, counted: np.ndarray) -> dict:
     """The tests of the module docstring for rank r: binomial on last arrivals, step consistency, effect size."""
-    out: dict = {"p_last": float("nan"), "steps_led": 0, "steps_seen": 0, "effect_ratio": float("nan"),
+    out: dict = {"p_last": float("nan"), "p_best": float("nan"), "steps_led": 0, "steps_seen": 0, "effect_ratio": float("nan"),
                  "noise": float("nan"), "z": float("nan"), "noise_from": "", "significant": False}
     mine = led[led["rank"] == r] if len(led) else led
     if len(mine):
-        out["steps_led"] = int((mine["k"] * 2 > mine["n"]).sum())
+        # a step is led when the rank was last where most of the step's waiting was (skew-weighted: a
+        # collective posted right after another, with no compute between, is a coin flip that says nothing);
+        # by count when nothing has a skew
+        timed = mine["w"] > 0
+        led = np.where(timed, mine["wk"] * 2 > mine["w"], mine["k"] * 2 > mine["n"])
+        out["steps_led"] = int(led.sum())
         out["steps_seen"] = int(len(mine))
-        p0 = float(mine["p0_sum"].sum()) / max(1, int(mine["n"].sum()))
+        w = float(mine["w"].sum())
+        p0 = float(mine["wp0_sum"].sum()) / w if w > 0 else float(mine["p0_sum"].sum()) / max(1, int(mine["n"].sum()))
         out["p_last"] = binom_tail(out["steps_led"], out["steps_seen"], p0)
+        out["p_best"] = p0 ** out["steps_seen"]
     if len(cstep):
         peer = cstep.loc[cstep["rank"] == r, "peer"]
         if len(peer):
@@ -326,14 +351,21 @@ def _significance(trace: Trace, r: int, led: pd.DataFrame, cstep: pd.DataFrame, 
                         # totals over the steps (a few noisy steps average out) and the median over steps of
                         # the per-step log ratio (one step in which a peer was descheduled for seconds does
                         # not move it); each healthy peer is measured the same way against the others
-                        def med_effect(q: int, ref: list[int]) -> float:
-                            return float((logs[q] - logs[ref].median(axis=1)).median())
+                        def per_step(q: int, ref: list[int]) -> pd.Series:
+                            return logs[q] - logs[ref].median(axis=1)
+                        others = {q: per_step(q, [h for h in healthy if h != q]) for q in healthy}
+                        # the median of n per-step ratios is only as steady as one step's ratio allows: its
+                        # standard error from the healthy peers' per-step ratios pooled (a spread of three
+                        # peers' medians alone says little about how a median of three steps can swing)
+                        pooled = np.concatenate([v.to_numpy(dtype=np.float64) for v in others.values()])
+                        se_median = MEDIAN_SE * spread_sigma(pooled) / math.sqrt(len(piv))
                         fits = []
-                        for eff, peers in (
-                                (float(tot[r] - np.median(tot[healthy])), tot[healthy].to_numpy(dtype=np.float64)),
-                                (med_effect(r, healthy),
-                                 np.asarray([med_effect(q, [h for h in healthy if h != q]) for q in healthy]))):
-                            sigma = spread_sigma(peers)
+                        for eff, peers, floor in (
+                                (float(tot[r] - np.median(tot[healthy])), tot[healthy].to_numpy(dtype=np.float64),
+                                 0.0),
+                                (float(per_step(r, healthy).median()),
+                                 np.asarray([float(v.median()) for v in others.values()]), se_median)):
+                            sigma = max(spread_sigma(peers), floor)
                             fits.append((eff / max(sigma, NOISE_FLOOR), eff, sigma))
                         z, effect, out["noise"] = max(fits)
                         out["noise_from"] = f"spread between {len(healthy)} healthy peers"
@@ -343,14 +375,46 @@ def _significance(trace: Trace, r: int, led: pd.DataFrame, cstep: pd.DataFrame, 
                             lr = (logs[r] - logs[healthy[0]]).to_numpy(dtype=np.float64)
                             out["noise"] = 1.2533 * robust_sigma(lr) / math.sqrt(len(lr))
                             out["noise_from"] = f"step-to-step spread over {len(lr)} steps"
+                        # One peer cannot show how far two healthy ranks of this run drift apart; the ranks
+                        # of the other pipeline positions can (each against its own position's others)
+                        other = _other_positions_spread(cstep, int(peer.iloc[0]), counted, list(piv.index))
+                        if np.isfinite(other):
+                            noise = MEDIAN_SE * other / math.sqrt(len(piv))
+                            if not np.isfinite(out["noise"]) or noise > out["noise"]:
+                                out["noise"] = noise
+                                out["noise_from"] = "spread between the healthy ranks of the other pipeline positions"
                         z = effect / max(out["noise"], NOISE_FLOOR) if np.isfinite(out["noise"]) else float("nan")
                     out["effect_ratio"] = float(math.exp(effect))
                     out["z"] = z
-    out["significant"] = bool(
-        np.isfinite(out["p_last"]) and out["p_last"] <= ALPHA
-        and out["steps_seen"] > 0 and out["steps_led"] >= MIN_STEP_FRAC * out["steps_seen"]
-        and np.isfinite(out["z"]) and out["z"] >= MIN_Z and out["effect_ratio"] >= MIN_RATIO)
+    effect_ok = np.isfinite(out["z"]) and out["z"] >= MIN_Z and out["effect_ratio"] >= MIN_RATIO
+    last_ok = (np.isfinite(out["p_last"]) and out["p_last"] <= ALPHA
+               and out["steps_seen"] > 0 and out["steps_led"] >= MIN_STEP_FRAC * out["steps_seen"])
+    # Power: with two-member groups no outcome of n steps is rarer than 2^-n, so 6 steps can never reach
+    # ALPHA. Where even the most extreme outcome cannot, it must be that outcome (last in every step, at
+    # least MIN_STEPS_ALL of them) and the compute effect must stand out twice as far from the noise.
+    out["power_limited"] = bool(np.isfinite(out["p_best"]) and out["p_best"] > ALPHA)
+    if out["power_limited"] and not last_ok:
+        last_ok = out["steps_seen"] >= MIN_STEPS_ALL and out["steps_led"] == out["steps_seen"]
+        effect_ok = effect_ok and out["z"] >= POWER_Z
+    out["significant"] = bool(last_ok and effect_ok)
     return out
+
+
+def _other_positions_spread(cstep: pd.DataFrame, own: int, counted: np.ndarray, steps: list) -> float:
+    """Spread (log units) of one step's compute between ranks of the same pipeline position, pooled over
+    the positions other than `own` and over `steps`: each rank's log compute minus the median of its
+    position's other ranks in that step. NaN when no other position has two ranks."""
+    x = cstep[(cstep["peer"] != own) & cstep["step"].isin(counted) & cstep["step"].isin(steps)
+              & (cstep["compute_ns"] > 0)]
+    vals = []
+    for _, grp in x.groupby("peer"):
+        piv = np.log(grp.pivot_table(index="step", columns="rank", values="compute_ns", aggfunc="sum")
+                     .dropna().astype("float64"))
+        if piv.shape[1] < 2 or not len(piv):
+            continue
+        for q in piv.columns:
+            vals.append((piv[q] - piv.drop(columns=q).median(axis=1)).to_numpy(dtype=np.float64))
+    return spread_sigma(np.concatenate(vals)) if vals else float("nan")
 
 
 def _test_text(st: dict) -> str:

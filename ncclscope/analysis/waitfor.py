@@ -38,8 +38,8 @@ from .index import IndexLike, as_index
 from .labels import fmt_ranks, rank_label, seconds
 from .p2p_pairs import direction
 from .waitgraph import WaitGraph, wait_graph
-from .wording import (MAX_EVIDENCE, WaitContext, edge_desc, op_desc, op_evidence, payload, sort_key, waiter_evidence,
-                      waiting_summary, wanted_desc)
+from .wording import (MAX_EVIDENCE, WaitContext, dead_reason, edge_desc, op_desc, op_evidence, payload, since, sort_key,
+                      waiter_evidence, waiting_summary, wanted_desc)
 
 MAX_ROOTS_PER_ROLE = 4           # more chain ends of one kind are reported as one finding
 MAX_HOPS = 4                     # cycle hops spelled out in a deadlock title
@@ -105,7 +105,7 @@ def _unwaited_dead(ctx: WaitContext, named: set[int]) -> Finding | None:
     ranks = [int(r) for r in quiet.index]
     ev = []
     for r, row in quiet.head(MAX_EVIDENCE).iterrows():
-        ev.append(Evidence(rank=int(r), note=row.dead_reason, op_name=str(row.last_op),
+        ev.append(Evidence(rank=int(r), note=dead_reason(ctx.trace, row), op_name=str(row.last_op),
                            time_ns=int(row.last_op_start_ns)))
     them = "it" if len(ranks) == 1 else "them"
     title = f"{rank_label(ctx.trace, ranks)} ended with no rank waiting on {them}: {ev[0].note}"
@@ -143,11 +143,11 @@ def _cycle_finding(ctx: WaitContext, comp: list[int], cycle: list[int], waiters:
     summary, start, direct = waiting_summary(ctx, outside, comp) if outside else ("", -1, [])
     b = ctx.blocking[ctx.blocking["rank"].isin(comp)]
     start_all = int(b["start_ns"].min()) if len(b) else start
-    title += f"; blocked for {seconds(ctx.end - start_all)}" if start_all >= 0 else ""
+    title += since(ctx.end, start_all, "; blocked for ")
     if summary:
         title += f"; {summary}"
-    ev = [Evidence(rank=int(a), note=f"{e['status']}, waits on rank {b} ({e['reason']}) since "
-                                     f"{seconds(ctx.end - int(e['start_ns']))}",
+    ev = [Evidence(rank=int(a), note=f"{e['status']}, waits on rank {b} ({e['reason']})"
+                                     f"{since(ctx.end, e['start_ns'])}",
                    op_name=str(e["op_name"]), process_group=str(e["process_group"]), seq=int(e["seq"]),
                    op_id=int(e["op_id"]), time_ns=int(e["start_ns"]), peer=int(e["peer"]))
           for a, b, e in steps[:MAX_EVIDENCE]]
@@ -232,7 +232,7 @@ def _shift_finding(ctx: WaitContext, comp: list[int], cycle: list[int], involved
         ev.append(Evidence(rank=int(r.rank), note=f"{r.direction}: issued {int(r.count)} {op} from {site} on {g} at "
                                                   f"step {step}; {ref} issued {int(r.expected)}",
                            op_name=op, process_group=g, seq=int(r.ref_seq)))
-    ev += [op_evidence(r, f"{r.status}: blocked here since {seconds(ctx.end - int(r.start_ns))}")
+    ev += [op_evidence(r, f"{r.status}: blocked here{since(ctx.end, r.start_ns)}")
            for r in rb.itertuples(index=False)]
     ev += waiter_evidence(ctx, waiters, direct, roots)
     pl = payload(ctx, roots, waiters, direct, start, summary, cycle=cycle, skipped=[g, int(e["ref_seq"])],
@@ -256,7 +256,7 @@ def _skip_finding(ctx: WaitContext, comp: list[int], cycle: list[int], involved:
              f"({int(e['n_began'])} of {int(e['n_members'])} members did) and went on to {went}")
     if summary:
         title += f"; {summary}"
-    ev = [op_evidence(r, f"{r.status}: blocked here instead of {g} #{k}, since {seconds(ctx.end - int(r.start_ns))}")
+    ev = [op_evidence(r, f"{r.status}: blocked here instead of {g} #{k}{since(ctx.end, r.start_ns, ', since ')}")
           for r in rb.itertuples(index=False)]
     ev += waiter_evidence(ctx, waiters, direct, roots)
     pl = payload(ctx, roots, waiters, direct, start, summary, cycle=cycle, skipped=[g, k],
@@ -277,20 +277,20 @@ def _endpoint_finding(ctx: WaitContext, r: int, role: str, waiters: set[int]) ->
     last = Evidence(rank=r, note=f"last op: {row.last_op} ({row.last_op_status or 'n/a'})",
                     op_name=str(row.last_op), time_ns=int(row.last_op_start_ns))
     if role == "dead":
-        kind, title = "dead_rank", f"{who} {row.dead_reason}"
+        kind, title = "dead_rank", f"{who} {dead_reason(ctx.trace, row)}"
         if row.last_op:
             ev.append(last)
         if not pd.isna(row.last_hb_ns):
             ev.append(Evidence(rank=r, note=f"last heartbeat at {seconds(int(row.last_hb_ns) - t0)}",
                                op_name=S.HEARTBEAT, time_ns=int(row.last_hb_ns)))
         if not ev:
-            ev.append(Evidence(rank=r, note=row.dead_reason))
+            ev.append(Evidence(rank=r, note=dead_reason(ctx.trace, row)))
     elif role == "computing":
         kind = "stuck_in_compute"
         if row.computing_op:
             step = f" (step {int(row.computing_step)})" if row.computing_step >= 0 else ""
-            title = (f"{who} has been in {row.computing_op} for "
-                     f"{seconds(ctx.end - int(row.computing_start_ns))}{step} and never posted {wanted}")
+            title = (f"{who} has been in {row.computing_op}{since(ctx.end, row.computing_start_ns, ' for ')}"
+                     f"{step} and never posted {wanted}")
             ev.append(Evidence(rank=r, note=f"inflight since {seconds(int(row.computing_start_ns) - t0)}",
                                op_name=str(row.computing_op), time_ns=int(row.computing_start_ns)))
         else:
@@ -327,7 +327,8 @@ def _endpoint_group_finding(ctx: WaitContext, items: list[tuple[int, set[int]]],
     ev = [e for e in first.evidence if e.rank == roots[0]]
     for r in roots[1:MAX_EVIDENCE]:
         row = ctx.st.loc[r]
-        note = row.dead_reason if role == "dead" else f"last op: {row.last_op} ({row.last_op_status or 'n/a'})"
+        note = (dead_reason(ctx.trace, row) if role == "dead"
+                else f"last op: {row.last_op} ({row.last_op_status or 'n/a'})")
         ev.append(Evidence(rank=r, note=note, op_name=str(row.last_op), time_ns=int(row.last_op_start_ns)))
     ev += waiter_evidence(ctx, waiters, direct, roots)
     kind = {"dead": "dead_rank", "computing": "stuck_in_compute"}.get(role, "hang")
@@ -361,21 +362,21 @@ def _stalled_findings(ctx: WaitContext, stalled: list[int], comps: list[list[int
             done = ctx.coll[(ctx.coll["process_group"] == g) & (ctx.coll["collective_seq_id"] == k)
                             & (ctx.coll["status"] == S.STATUS_OK)]["rank"]
             title = (f"{rank_label(ctx.trace, ranks)} stuck in {row['op_name']} #{k} on "
-                     f"{ctx.ix.label(g)} for {seconds(ctx.end - start_all)} although every "
+                     f"{ctx.ix.label(g)}{since(ctx.end, start_all, ' for ')} although every "
                      f"member posted it")
             if len(done):
                 title += f" ({rank_label(ctx.trace, done)} completed it)"
             title += ": no rank is missing; look for a mismatch or a transport fault"
             extra, inst = {"stalled": [g, k]}, (g, k)
         else:
-            title = (f"{rank_label(ctx.trace, ranks)} stuck in {op_desc(ctx, row)} for "
-                     f"{seconds(ctx.end - start_all)} although the peer posted the matching op: "
+            title = (f"{rank_label(ctx.trace, ranks)} stuck in {op_desc(ctx, row)}{since(ctx.end, start_all, ' for ')}"
+                     f" although the peer posted the matching op: "
                      f"look for a size mismatch or a transport fault")
             extra = {"stalled_p2p": [int(row["rank"]), str(row["op_name"]), int(row["peer"]), int(row["p2p_seq_id"])]}
             inst = None
         if summary:
             title += f"; {summary}"
-        ev = [op_evidence(r, f"{r.status}, stalled since {seconds(ctx.end - int(r.start_ns))}")
+        ev = [op_evidence(r, f"{r.status}, stalled{since(ctx.end, r.start_ns)}")
               for r in sub.head(MAX_EVIDENCE).itertuples(index=False)]
         ev += waiter_evidence(ctx, waiters, direct, ranks)
         pl = payload(ctx, ranks, waiters, direct, start_all, summary, ambiguous=len(ranks) > 1, instance=inst, **extra)

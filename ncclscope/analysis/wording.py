@@ -5,6 +5,14 @@ which op ("ranks 0,1,2 waiting since 6.0 s in all_reduce #9 on dp1[1,3]"),
 and carries the same typed payload: the instances the waiters are blocked in,
 every rank in the story, the wait summary and the roots' stack. Those are
 written here once, for all the finding builders in waitfor.py.
+
+Durations are said only where the input holds them (`wait_ns`, `since`): a
+Flight Recorder dump without `time_created_ns` reads as start -1 (a zeroed one
+as 0), and a dump taken as the op was issued ends where the op starts; those
+waits are written with no "since" at all ("ranks 0,1 waiting in all_reduce #3
+on dp0"), never as "0.0 s". A rank that left nothing behind is described by
+what the input kind would have left (`missing_reason`): a trace directory, a
+Flight Recorder dump, a profiler trace.
 """
 from __future__ import annotations
 
@@ -23,6 +31,56 @@ if TYPE_CHECKING:
     from .index import TraceIndex
 
 MAX_EVIDENCE = 40
+MIN_SAID_NS = 1_000_000           # a wait under 1 ms is no duration a person can act on: none is said
+MS_BELOW_NS = NS // 20            # under 0.05 s "0.0 s" would be said: milliseconds instead
+
+_MISSING = {
+    "flight_recorder": "left no Flight Recorder dump (it died before its dump was written, or the file is gone)",
+    "torch_profiler": "left no profiler trace (it died before writing it, or the file is gone)",
+}
+_MISSING_DEFAULT = "left no trace directory (it died before writing, or its files are gone)"
+
+
+def missing_reason(trace: Trace) -> str:
+    """Why a rank with no data is dead, in the words of the input kind (`trace.run["source"]`)."""
+    return _MISSING.get(str((trace.run or {}).get("source", "")), _MISSING_DEFAULT)
+
+
+def dead_reason(trace: Trace, row: object) -> str:
+    """A dead rank's reason (rank_states), with a missing rank described by what its input kind leaves."""
+    return missing_reason(trace) if str(getattr(row, "state", "")) == "missing" else str(row.dead_reason)
+
+
+def wait_ns(end_ns: object, start_ns: object) -> int | None:
+    """ns from `start_ns` to `end_ns`; None where the input holds no usable time for it: no start
+    (a dump entry without a timestamp reads -1, a zeroed one 0, a missing value NaN) or an end
+    that is not after it (every time in the dump is the same)."""
+    try:
+        start, end = int(start_ns), int(end_ns)         # type: ignore[call-overload]
+    except (TypeError, ValueError):                     # None, NaN
+        return None
+    if start <= 0 or end <= start:
+        return None
+    return end - start
+
+
+def duration(ns: int | None) -> str:
+    """"6.0 s", "26 ms"; "" where there is no duration to say (no time, or under 1 ms)."""
+    if ns is None or ns < MIN_SAID_NS:
+        return ""
+    return f"{ns / 1e6:.0f} ms" if ns < MS_BELOW_NS else seconds(ns)
+
+
+def since(end_ns: object, start_ns: object, lead: str = " since ") -> str:
+    """" since 6.0 s" (`lead` + the duration), or "" where the input gives no duration."""
+    d = duration(wait_ns(end_ns, start_ns))
+    return f"{lead}{d}" if d else ""
+
+
+def wait_seconds(end_ns: object, start_ns: object) -> float | None:
+    """`WaitSummary.wait_s`: the wait in seconds, None exactly where no duration is said."""
+    ns = wait_ns(end_ns, start_ns)
+    return round(ns / NS, 3) if ns is not None and ns >= MIN_SAID_NS else None
 
 
 @dataclass
@@ -83,9 +141,7 @@ def waiting_summary(ctx: WaitContext, waiters: set[int], roots: Iterable[int]) -
             ops.append(op_desc(ctx, row))
         else:
             ops.append(f"{row.op_name} #{int(row.seq)} {'from' if str(row.op_name).endswith('recv') else 'to'} it")
-    text = f"{rank_label(ctx.trace, waiters)} waiting"
-    if start >= 0:
-        text += f" since {seconds(ctx.end - start)}"
+    text = f"{rank_label(ctx.trace, waiters)} waiting" + since(ctx.end, start)
     n_direct = int(direct["waiter"].nunique())
     where = ", ".join(ops[:2]) + (f" and {len(ops) - 2} more ops" if len(ops) > 2 else "")
     if ops and 2 * n_direct < len(waiters):
@@ -114,7 +170,7 @@ def waiter_evidence(ctx: WaitContext, waiters: set[int], direct: list[int], root
     for row in b.itertuples(index=False):
         on = targets.get(int(row.rank), [])
         who = ",".join(map(str, on[:8])) + ("..." if len(on) > 8 else "")
-        note = f"{row.status}, waiting since {seconds(ctx.end - int(row.start_ns))}" + (f" on rank {who}" if who else "")
+        note = f"{row.status}, waiting{since(ctx.end, row.start_ns)}" + (f" on rank {who}" if who else "")
         if int(row.rank) not in direct:
             note += " (indirectly)"
         ev.append(op_evidence(row, note))
@@ -151,7 +207,7 @@ def payload(ctx: WaitContext, roots: list[int], waiters: set[int], direct: list[
         "involved": sorted(set(roots) | set(int(w) for w in waiters)),
         "wait": WaitSummary(text=summary, waiting_ranks=tuple(sorted(int(w) for w in waiters)),
                             direct_waiters=tuple(direct),
-                            wait_s=round((ctx.end - start) / NS, 3) if start >= 0 else None),
+                            wait_s=wait_seconds(ctx.end, start)),
         "stack": stack_for(ctx.trace, roots),
     }
 
