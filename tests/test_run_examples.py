@@ -122,12 +122,12 @@ def test_ddp_extra_all_reduce_on_one_rank_is_diagnosed(tmp_path):
 
 
 def test_ddp_rank_sleeping_past_the_timeout_is_the_root_with_its_line(tmp_path):
-    """Rank 1 sleeps 8 s in its own loop; rank 0 times out after 3 s inside DDP's reducer (an op only
+    """Rank 1 sleeps 5 s in its own loop; rank 0 times out after 2 s inside DDP's reducer (an op only
     Flight Recorder sees). Both end dead, neither waiting on the other: the order of arrival names rank 1,
     and its stack dump inside the gap names the user's line."""
     out = tmp_path / "ddp-sleep-past"
-    proc = ncclscope_run(out, 2, "examples/ddp.py", "--steps", "3", "--bug", "sleep", "--sleep", "8",
-                         "--timeout", "3", timeout_s=1.0)
+    proc = ncclscope_run(out, 2, "examples/ddp.py", "--steps", "3", "--bug", "sleep", "--sleep", "5",
+                         "--timeout", "2", timeout_s=1.0)
     assert proc.returncode != 0
     code, rep = analyze(out)
     assert code == 1
@@ -206,7 +206,7 @@ def test_fsdp2_healthy_its_all_gathers_and_reduce_scatters_are_traced(tmp_path):
 
 def test_fsdp2_uneven_data_is_diagnosed(tmp_path):
     out = tmp_path / "fsdp2-bug"
-    proc = ncclscope_run(out, 3, "examples/fsdp2.py", "--steps", "3", "--bug", "uneven-data", "--timeout", "5")
+    proc = ncclscope_run(out, 3, "examples/fsdp2.py", "--steps", "3", "--bug", "uneven-data", "--timeout", "3")
     assert proc.returncode != 0
     code, rep = analyze(out)
     assert code == 1
@@ -230,7 +230,7 @@ def test_dtensor_2d_mesh_healthy_groups_recorded_on_every_rank(tmp_path):
 
 def test_dtensor_wrong_group_is_diagnosed_with_the_call_site(tmp_path):
     out = tmp_path / "dtensor-bug"
-    proc = ncclscope_run(out, 4, "examples/dtensor_tp.py", "--steps", "2", "--bug", "wrong-group", "--timeout", "5")
+    proc = ncclscope_run(out, 4, "examples/dtensor_tp.py", "--steps", "2", "--bug", "wrong-group", "--timeout", "3")
     assert proc.returncode != 0
     code, rep = analyze(out)
     assert code == 1
@@ -259,7 +259,7 @@ def test_pipeline_1f1b_healthy(tmp_path):
 def test_pipeline_skipped_batch_is_diagnosed(tmp_path):
     out = tmp_path / "pp-bug"
     proc = ncclscope_run(out, 2, "examples/pipeline_1f1b.py", "--steps", "2", "--bug", "skip-last-batch",
-                         "--timeout", "5")
+                         "--timeout", "3")
     assert proc.returncode != 0
     code, rep = analyze(out)
     assert code == 1

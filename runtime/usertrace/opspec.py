@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ncclscope import schema as S
+from ncclscope.runtime.comm_site import _meta
 
 # name -> (op_name written, kind, input arg, input is a list, peer arg, group-local peer kwarg, p2p direction, always async)
 _C, _P = S.KIND_COLLECTIVE, S.KIND_P2P
@@ -66,17 +67,9 @@ class _TLS(threading.local):
 # (all_gather_object -> all_gather, new_subgroups -> new_group) pass straight through
 tls = _TLS()
 
-_META: dict[tuple[Any, Any], tuple[str, str, int]] = {}
-
-
-def tensor_meta(t: Any) -> tuple[str, str, int]:
-    """(input_sizes text, dtype, bytes) of one tensor, cached by (shape, dtype)."""
-    key = (t.shape, t.dtype)
-    m = _META.get(key)
-    if m is None:
-        m = _META[key] = ("[" + str(list(t.shape)) + "]", str(t.dtype).replace("torch.", ""),
-                          t.numel() * t.element_size())
-    return m
+# (input_sizes text, dtype, bytes) of one tensor, cached by (shape, dtype): the same cache as the
+# runtime's own wrapper, so both write the same text for the same tensor
+tensor_meta = _meta
 
 
 def list_meta(ts: Any) -> tuple[str, str, int]:
