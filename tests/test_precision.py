@@ -20,7 +20,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
 from trace_builder import TraceBuilder
 from test_perf_analyses import metrics_trace, pipeline
 
@@ -257,12 +256,19 @@ LAYOUTS = {
 
 @pytest.fixture(scope="module")
 def healthy_runs(tmp_path_factory) -> dict[str, Path]:
-    root = tmp_path_factory.mktemp("healthy")
+    """Each layout run as `ncclscope train` through the warmed zygote of test_drills_e2e (torch is imported
+    once for all of them, not once per job: ~3 s per layout on 2 cores)."""
+    from test_drills_e2e import Zygote
+
+    z = Zygote(tmp_path_factory.mktemp("healthy"))
     out = {}
-    for name, layout in LAYOUTS.items():
-        res = run_cli("train", *layout, "--steps", "3", "--out", str(root / name), timeout=150)
-        assert (root / name / S.RUN_JSON).exists(), f"{name}: {res.stderr[-2000:]}"
-        out[name] = root / name
+    try:
+        for name, layout in LAYOUTS.items():
+            job = z.run(name, [*layout, "--steps", "3"], timeout=150)
+            assert (job.run_dir / S.RUN_JSON).exists(), f"{name}: {job.train_err[-2000:]}"
+            out[name] = job.run_dir
+    finally:
+        z.close()
     return out
 
 
