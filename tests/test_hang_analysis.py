@@ -311,9 +311,9 @@ def _mismatch_trace(world: int, group: str, deviant: int, seq: int, **odd) -> Tr
 
 
 @pytest.mark.parametrize("odd, category, text", [
-    ({"sizes": "[[8]]"}, "size", "rank 2 deviates in all_reduce #2 on dp0[0-3]: passed sizes [[8]] where ranks 0,1,3 passed [[4]]"),
-    ({"dtype": "bfloat16"}, "dtype", "rank 2 deviates in all_reduce #2 on dp0[0-3]: used dtype bfloat16 where ranks 0,1,3 used float32"),
-    ({"op": "all_gather"}, "type", "rank 2 deviates in all_reduce #2 on dp0[0-3]: called all_gather where ranks 0,1,3 called all_reduce(sum)"),
+    ({"sizes": "[[8]]"}, "size", "rank 2 deviates in all_reduce #2 on dp0[0-3]: passed sizes [[8]] where ranks 0,1,3 passed [[4]] (its call at train.py:10)"),
+    ({"dtype": "bfloat16"}, "dtype", "rank 2 deviates in all_reduce #2 on dp0[0-3]: used dtype bfloat16 where ranks 0,1,3 used float32 (its call at train.py:10)"),
+    ({"op": "all_gather"}, "type", "rank 2 deviates in all_reduce #2 on dp0[0-3]: called all_gather where ranks 0,1,3 called all_reduce(sum) (its call at train.py:10)"),
 ])
 def test_majority_vote_names_the_deviant(odd, category, text):
     d = diagnose(_mismatch_trace(4, "dp0", deviant=2, seq=2, **odd).build())
@@ -334,7 +334,7 @@ def test_type_mismatch_that_hangs_names_the_deviant_not_the_stalled_ranks():
     h = headline(d)
     assert (h.kind, h.ranks) == ("collective_mismatch", [2])
     assert d.verdict == ("MISMATCH: rank 2 deviates in all_reduce #2 on dp0[0-3]: called broadcast where "
-                         "ranks 0,1,3 called all_reduce(sum); ranks 0-3 blocked in it for 8.0 s")
+                         "ranks 0,1,3 called all_reduce(sum) (its call at train.py:10); ranks 0-3 blocked in it for 8.0 s")
     assert h.to_json()["data"]["explains"]["kind"] == "hang"     # the stalled-instance root was folded into it
     assert [f.kind for f in d.findings if f.severity == "error"] == ["collective_mismatch"]
 
@@ -527,7 +527,8 @@ def test_a_dtype_deviant_whose_partner_died_without_a_record_is_named_from_histo
     h = headline(d)
     assert (h.kind, h.ranks) == ("collective_mismatch", [2])
     assert d.verdict.startswith("MISMATCH: rank 2 (dp 1, tp 0) deviates in all_reduce #3 on dp0[0,2]: used dtype "
-                                "float64 where its own other steps (2) and dp1 at this step used float32; "
+                                "float64 where its own other steps (2) and dp1 at this step used float32 "
+                                "(its call at data.py:76); "
                                 "rank 0 (dp 0, tp 0) left no record of #3 (killed by SIGABRT)")
     assert h.data["basis"] == "history" and h.data["absent_ranks"] == [0]
     assert "then rank 0 (dp 0, tp 0) was killed (SIGABRT)" in d.verdict
@@ -543,7 +544,7 @@ def test_history_breaks_a_one_vs_one_tie():
     h = headline(d)
     assert (h.kind, h.ranks, h.data["ambiguous"]) == ("collective_mismatch", [1], False)
     assert d.verdict == ("MISMATCH: rank 1 deviates in all_reduce #3 on dp0[0,1]: passed sizes [[8]] where its "
-                         "own other steps (3) passed [[4]]")
+                         "own other steps (3) passed [[4]] (its call at d.py:7)")
 
 
 def test_history_does_not_blame_dynamic_shapes():

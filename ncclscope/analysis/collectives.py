@@ -115,6 +115,9 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
     op = str(ops.mode().iloc[0]) if len(ops) else "collective"
     glabel = ix.label(g)
     title = f"{rank_label(trace, named)} deviates in {op} #{k} on {glabel}: " + "; ".join(parts)
+    site = _deviant_site(inst, named)
+    if site:                         # the user's line to look at
+        title += f" ({'its' if len(named) == 1 else 'their'} call at {site})"
     absent = sorted(set(members.get(g, [])) - set(int(r) for r in inst["rank"]))
     if absent and history:
         how = _end_states(trace, absent)
@@ -142,7 +145,7 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
                          "deviant_ranks": sorted(int(x) for x in rows["rank"].unique()),
                          "later_instances": later, "unfinished": bool(len(notok)),
                          "basis": "history" if history else "instance", "absent_ranks": absent,
-                         "call_site": _deviant_site(inst, named)})
+                         "call_site": site})
 
 
 def _end_states(trace: Trace, ranks: list[int]) -> str:
