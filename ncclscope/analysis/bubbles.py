@@ -58,6 +58,15 @@ def theoretical_bubble(schedule: str, p: int, m: int, v: int = 1) -> float:
         return (p - 1) / (vv * m + p - 1)
 
 
+def _robust_stage_load(nodes: pd.DataFrame) -> pd.Series:
+    """Compute per step per pipeline position: spans per step x the median span (forward and backward
+    apart). Uneven stages make every span of a stage longer; one descheduling of a rank on shared cores
+    makes one span longer, which moves a mean over a few steps but not the median of all its spans."""
+    g = nodes.groupby(["pp_pos", "is_b"], sort=True)
+    per = g["dur"].median() * g.size() / g["wkey"].nunique()
+    return per.groupby(level="pp_pos").sum().astype(np.float64)
+
+
 def union_length(key: np.ndarray, start: np.ndarray, end: np.ndarray, n_keys: int | None = None) -> np.ndarray:
     """Total length of the union of intervals per dense integer key (vectorised sweep).
 
@@ -204,7 +213,7 @@ def analyze_bubbles(trace: Trace) -> BubbleResult:
     nodes = nodes.sort_values(["wkey", "rank", "start_ns"], kind="stable").reset_index(drop=True)
     nodes["sim"] = nodes.groupby("wkey", sort=True).ngroup()
     mean_fb = nodes.groupby(["sim", "is_b"])["dur"].transform("mean").to_numpy()
-    stage_load = ss.groupby("pp_pos")["compute_ns"].mean()
+    stage_load = _robust_stage_load(nodes) if len(nodes) else ss.groupby("pp_pos")["compute_ns"].mean()
     slowest = int(stage_load.idxmax())
     pos_mean = nodes.groupby(["sim", "pp_pos", "is_b"])["dur"].mean()
     med = pos_mean.groupby(level=["sim", "is_b"]).median()
