@@ -280,10 +280,10 @@ def test_pipeline_skipped_batch_is_diagnosed(tmp_path):
 
 
 def test_timeout_s_dumps_evidence_and_lets_the_job_go_on(tmp_path):
-    """Rank 1 sleeps 4 s; rank 0 waits inside DDP's reducer (an op only Flight Recorder sees).
+    """Rank 1 sleeps 3 s; rank 0 waits inside DDP's reducer (an op only Flight Recorder sees).
     --timeout-s 1 dumps stacks + FR on the waiting rank, raises nothing: the job completes."""
     out = tmp_path / "ddp-sleep"
-    proc = ncclscope_run(out, 2, "examples/ddp.py", "--steps", "3", "--bug", "sleep", "--sleep", "4",
+    proc = ncclscope_run(out, 2, "examples/ddp.py", "--steps", "3", "--bug", "sleep", "--sleep", "3",
                          timeout_s=1.0)
     assert proc.returncode == 0, proc.stderr[-3000:]
     stacks = (out / "rank-00000" / "stacks.txt").read_text()
