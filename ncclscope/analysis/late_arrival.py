@@ -33,14 +33,12 @@ import pandas as pd
 
 from ..findings import Evidence, Finding, InstanceRef, WaitSummary
 from .index import TraceIndex
+from ..usertrace.fr_merge import INFERRED, is_user_file
 from .labels import rank_label
+from .stacks import main_thread_dumps
 
 _TIMEOUT = re.compile(r"timed out|timeout", re.I)
-_DUMP = re.compile(r"^=== ncclscope rank (\d+): .* at (\d+) ns ===$", re.M)
-_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)', re.M)
-_THREAD = re.compile(r"^(?:Current thread|Thread) 0x[0-9a-fA-F]+", re.M)
-_INFERRED = "completion inferred"          # fr_merge's note on an FR entry whose end it had to infer
-_NOT_USER = ("/torch/", "/ncclscope/", "/runtime/", "<frozen", "/threading.py", "/runpy.py", "/site-packages/")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
 
 
 def find_late_arrivals(ix: TraceIndex) -> list[Finding]:
@@ -126,7 +124,7 @@ def _idle_at(ix: TraceIndex, rank: int, arrived_ns: int, gave_up_ns: int) -> boo
         return True
     prev = mine.loc[mine["start_ns"].idxmax()]
     end = int(prev["end_ns"])
-    unsure = end < 0 or _INFERRED in str(prev.get("message", ""))
+    unsure = end < 0 or INFERRED in str(prev.get("message", ""))
     if unsure and int(prev.get("collective_seq_id", -1)) >= 0 and str(prev.get("kind", "")) == "collective":
         # A collective ends together on its members: when every other member completed it, so did this
         # rank (Flight Recorder often leaves a gloo work 'started' that the job did complete)
@@ -147,20 +145,14 @@ def _user_frame(ix: TraceIndex, rank: int, lo_ns: int, hi_ns: int) -> tuple[str,
         return "", -1
     info = ix.trace.ranks.get(rank)
     offset = int(getattr(info, "clock_offset_ns", 0) or 0)
-    heads = list(_DUMP.finditer(text))
-    for i, h in enumerate(heads):
-        t = int(h.group(2)) + offset
+    for local_ns, frames in main_thread_dumps(text):
+        t = local_ns + offset
         if not (lo_ns <= t <= hi_ns):
             continue
-        block = text[h.end(): heads[i + 1].start() if i + 1 < len(heads) else len(text)]
-        threads = [m.start() for m in _THREAD.finditer(block)] + [len(block)]
-        for a, b in zip(threads, threads[1:]):
-            frames = _FRAME.findall(block[a:b])
-            if not any(fn == "<module>" for _, _, fn in frames):
-                continue                                 # not the main thread
-            for path, line, fn in frames:               # most recent call first
-                if not any(s in path for s in _NOT_USER):
-                    return f"{path}:{line} in {fn}", t
+        for line in frames:                            # most recent call first
+            m = _FRAME.match(line)
+            if m and is_user_file(m.group(1)):
+                return f"{m.group(1)}:{m.group(2)} in {m.group(3)}", t
     return "", -1
 
 

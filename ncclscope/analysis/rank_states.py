@@ -25,7 +25,6 @@ import pandas as pd
 from .. import schema as S
 from ..trace import STATUS_INFLIGHT
 from .labels import NS, plain_str, seconds, trace_start_ns
-from .wording import missing_reason
 
 if TYPE_CHECKING:
     from ..trace import Trace
@@ -181,6 +180,18 @@ def rank_states(trace: Trace, ops: pd.DataFrame, blocking: pd.DataFrame, computi
     if st["dead"].any():
         st.loc[st["dead"], "dead_reason"] = [_dead_reason(trace, r, row) for r, row in st[st["dead"]].iterrows()]
     return st
+
+
+_MISSING = {
+    "flight_recorder": "left no Flight Recorder dump (it died before its dump was written, or the file is gone)",
+    "torch_profiler": "left no profiler trace (it died before writing it, or the file is gone)",
+}
+_MISSING_DEFAULT = "left no trace directory (it died before writing, or its files are gone)"
+
+
+def missing_reason(trace: Trace) -> str:
+    """Why a rank with no data is dead, in the words of the input kind (`trace.run["source"]`)."""
+    return _MISSING.get(str((trace.run or {}).get("source", "")), _MISSING_DEFAULT)
 
 
 def _dead_reason(trace: Trace, r: int, row: pd.Series) -> str:

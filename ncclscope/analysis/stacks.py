@@ -11,22 +11,43 @@ _THREAD_RE = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
 
 
 
-def stack_excerpt(text: str, max_frames: int = 12, max_chars: int = 2000) -> str:
-    """The main thread's top frames from a faulthandler dump (the last dump in the file)."""
+_DUMP_RE = re.compile(r"^=== ncclscope rank \d+: .* at (\d+) ns ===$", re.M)
+
+
+def _thread_blocks(text: str) -> list[list[str]]:
+    """Per thread of a faulthandler dump: its header line, then its `File ...` lines (most recent first)."""
     blocks: list[list[str]] = []
     for line in text.splitlines():
         if _THREAD_RE.match(line):
             blocks.append([line])
         elif blocks and line.strip().startswith("File "):
             blocks[-1].append(line.rstrip())
+    return blocks
+
+
+def _is_main(block: list[str]) -> bool:
+    body = "\n".join(block[1:])
+    return "<module>" in body or ("threading.py" not in body and "_bootstrap" not in body)
+
+
+def main_thread_dumps(text: str) -> list[tuple[int, list[str]]]:
+    """(local time_ns of the dump, the main thread's `File ...` lines) for each dump in a stacks.txt."""
+    heads = list(_DUMP_RE.finditer(text))
+    out = []
+    for i, h in enumerate(heads):
+        blocks = _thread_blocks(text[h.end(): heads[i + 1].start() if i + 1 < len(heads) else len(text)])
+        main = next((b for b in blocks if _is_main(b)), None)
+        if main is not None:
+            out.append((int(h.group(1)), main[1:]))
+    return out
+
+
+def stack_excerpt(text: str, max_frames: int = 12, max_chars: int = 2000) -> str:
+    """The main thread's top frames from a faulthandler dump (the last dump in the file)."""
+    blocks = _thread_blocks(text)
     if not blocks:
         return "\n".join(text.strip().splitlines()[-30:])[-max_chars:]
-
-    def is_main(block: list[str]) -> bool:
-        body = "\n".join(block[1:])
-        return "<module>" in body or ("threading.py" not in body and "_bootstrap" not in body)
-
-    main = next((b for b in reversed(blocks) if is_main(b)), blocks[-1])
+    main = next((b for b in reversed(blocks) if _is_main(b)), blocks[-1])
     excerpt = main[: max_frames + 1]
     if len(main) > max_frames + 1:
         excerpt.append(f"  ... {len(main) - max_frames - 1} more frames")

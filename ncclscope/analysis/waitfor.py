@@ -38,7 +38,7 @@ from .index import IndexLike, as_index
 from .labels import fmt_ranks, rank_label, seconds
 from .p2p_pairs import direction
 from .waitgraph import WaitGraph, wait_graph
-from .wording import (MAX_EVIDENCE, WaitContext, dead_reason, edge_desc, op_desc, op_evidence, payload, since, sort_key,
+from .wording import (MAX_EVIDENCE, WaitContext, edge_desc, op_desc, op_evidence, payload, since, sort_key,
                       waiter_evidence, waiting_summary, wanted_desc)
 
 MAX_ROOTS_PER_ROLE = 4           # more chain ends of one kind are reported as one finding
@@ -105,7 +105,7 @@ def _unwaited_dead(ctx: WaitContext, named: set[int]) -> Finding | None:
     ranks = [int(r) for r in quiet.index]
     ev = []
     for r, row in quiet.head(MAX_EVIDENCE).iterrows():
-        ev.append(Evidence(rank=int(r), note=dead_reason(ctx.trace, row), op_name=str(row.last_op),
+        ev.append(Evidence(rank=int(r), note=str(row.dead_reason), op_name=str(row.last_op),
                            time_ns=int(row.last_op_start_ns)))
     them = "it" if len(ranks) == 1 else "them"
     title = f"{rank_label(ctx.trace, ranks)} ended with no rank waiting on {them}: {ev[0].note}"
@@ -277,14 +277,14 @@ def _endpoint_finding(ctx: WaitContext, r: int, role: str, waiters: set[int]) ->
     last = Evidence(rank=r, note=f"last op: {row.last_op} ({row.last_op_status or 'n/a'})",
                     op_name=str(row.last_op), time_ns=int(row.last_op_start_ns))
     if role == "dead":
-        kind, title = "dead_rank", f"{who} {dead_reason(ctx.trace, row)}"
+        kind, title = "dead_rank", f"{who} {str(row.dead_reason)}"
         if row.last_op:
             ev.append(last)
         if not pd.isna(row.last_hb_ns):
             ev.append(Evidence(rank=r, note=f"last heartbeat at {seconds(int(row.last_hb_ns) - t0)}",
                                op_name=S.HEARTBEAT, time_ns=int(row.last_hb_ns)))
         if not ev:
-            ev.append(Evidence(rank=r, note=dead_reason(ctx.trace, row)))
+            ev.append(Evidence(rank=r, note=str(row.dead_reason)))
     elif role == "computing":
         kind = "stuck_in_compute"
         if row.computing_op:
@@ -327,7 +327,7 @@ def _endpoint_group_finding(ctx: WaitContext, items: list[tuple[int, set[int]]],
     ev = [e for e in first.evidence if e.rank == roots[0]]
     for r in roots[1:MAX_EVIDENCE]:
         row = ctx.st.loc[r]
-        note = (dead_reason(ctx.trace, row) if role == "dead"
+        note = (str(row.dead_reason) if role == "dead"
                 else f"last op: {row.last_op} ({row.last_op_status or 'n/a'})")
         ev.append(Evidence(rank=r, note=note, op_name=str(row.last_op), time_ns=int(row.last_op_start_ns)))
     ev += waiter_evidence(ctx, waiters, direct, roots)

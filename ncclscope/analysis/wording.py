@@ -11,8 +11,8 @@ Flight Recorder dump without `time_created_ns` reads as start -1 (a zeroed one
 as 0), and a dump taken as the op was issued ends where the op starts; those
 waits are written with no "since" at all ("ranks 0,1 waiting in all_reduce #3
 on dp0"), never as "0.0 s". A rank that left nothing behind is described by
-what the input kind would have left (`missing_reason`): a trace directory, a
-Flight Recorder dump, a profiler trace.
+what the input kind would have left (rank_states.missing_reason): a trace
+directory, a Flight Recorder dump, a profiler trace.
 """
 from __future__ import annotations
 
@@ -33,23 +33,6 @@ if TYPE_CHECKING:
 MAX_EVIDENCE = 40
 MIN_SAID_NS = 1_000_000           # a wait under 1 ms is no duration a person can act on: none is said
 MS_BELOW_NS = NS // 20            # under 0.05 s "0.0 s" would be said: milliseconds instead
-
-_MISSING = {
-    "flight_recorder": "left no Flight Recorder dump (it died before its dump was written, or the file is gone)",
-    "torch_profiler": "left no profiler trace (it died before writing it, or the file is gone)",
-}
-_MISSING_DEFAULT = "left no trace directory (it died before writing, or its files are gone)"
-
-
-def missing_reason(trace: Trace) -> str:
-    """Why a rank with no data is dead, in the words of the input kind (`trace.run["source"]`)."""
-    return _MISSING.get(str((trace.run or {}).get("source", "")), _MISSING_DEFAULT)
-
-
-def dead_reason(trace: Trace, row: object) -> str:
-    """A dead rank's reason (rank_states), with a missing rank described by what its input kind leaves."""
-    return missing_reason(trace) if str(getattr(row, "state", "")) == "missing" else str(row.dead_reason)
-
 
 def wait_ns(end_ns: object, start_ns: object) -> int | None:
     """ns from `start_ns` to `end_ns`; None where the input holds no usable time for it: no start

@@ -49,6 +49,7 @@ from ..ingest.vocab import events_table, normalize_op
 FR_FILE = "flight_recorder.pkl"
 FR_NCCL_PREFIX = "flight_recorder_nccl_"
 FR_MESSAGE = "flight_recorder"
+INFERRED = "completion inferred"   # the note on an entry whose end is inferred (late_arrival reads it)
 OP_ID_BASE = 1 << 32          # FR rows' op ids: above any tracer op id, below build_ops' 40-bit key
 
 
@@ -103,8 +104,14 @@ def _ended_ok(rank_dir: Path) -> bool:
     return isinstance(end, dict) and end.get("status") == "ok"
 
 
-_LIB = ("/torch/", "\\torch\\", "/ncclscope/", "/runtime/recorder.py", "typing_extensions")
+_LIB = ("/torch/", "\\torch\\", "/ncclscope/", "/runtime/recorder.py", "/runtime/usertrace/", "typing_extensions")
 _STDLIB = re.compile(r"[/\\]lib[/\\]python\d+(\.\d+)?[/\\](?!site-packages|dist-packages)")
+
+
+def is_user_file(filename: str) -> bool:
+    """A frame's file is the user's: not torch, ncclscope, the stdlib or the interpreter's own (<frozen ...>)."""
+    return bool(filename) and not filename.startswith("<") and not any(m in filename for m in _LIB) \
+        and not _STDLIB.search(filename)
 
 
 def _site(frames: Any) -> str:
@@ -115,7 +122,7 @@ def _site(frames: Any) -> str:
     for fr in frames:
         if isinstance(fr, dict):
             fn = str(fr.get("filename", ""))
-            if fn and not fn.startswith("<") and not any(m in fn for m in _LIB) and not _STDLIB.search(fn):
+            if is_user_file(fn):
                 return f"{_rel(fn)}:{_int(fr.get('line'))}"
     return ""
 
@@ -226,9 +233,9 @@ def merge_rank(rank_dir: Path, events: pa.Table, warnings: list[str]) -> pa.Tabl
         if r["state"] == "completed" and r["completed"] > 0:
             end_t, note = r["completed"], FR_MESSAGE
         elif later is not None:
-            end_t, note = max(later, r["created"]), FR_MESSAGE + "; completion inferred from a later op"
+            end_t, note = max(later, r["created"]), FR_MESSAGE + "; " + INFERRED + " from a later op"
         elif ok_end:
-            end_t, note = r["created"], FR_MESSAGE + "; completion inferred from the rank's clean exit"
+            end_t, note = r["created"], FR_MESSAGE + "; " + INFERRED + " from the rank's clean exit"
         else:
             end_t, note = -1, ""
         op_id = OP_ID_BASE + r["record"]
