@@ -54,6 +54,8 @@ class RankInfo:
     exitcode: int | None = None            # from run.json (launcher); None if unknown
     signal: str | None = None              # e.g. "SIGKILL" when killed by a signal
     stopped_by_launcher: bool = False      # still running when the launcher ended the job
+    # call site -> (function name, its def line), from rank.json `call_sites` (the runtime's own traces)
+    call_sites: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     @property
     def state(self) -> str:
@@ -247,6 +249,19 @@ def _int(value: Any, default: int = -1) -> int:
     return to_int(value, default, -(2**53), 2**53)
 
 
+def _call_sites(value: Any, limit: int = 100_000) -> dict[str, tuple[str, int]]:
+    """rank.json `call_sites` ({site: [function, def line]}); entries of any other shape are dropped."""
+    out: dict[str, tuple[str, int]] = {}
+    if not isinstance(value, dict):
+        return out
+    for site, v in list(value.items())[:limit]:
+        if isinstance(site, str) and isinstance(v, list) and len(v) == 2 and isinstance(v[0], str):
+            first = _int(v[1])
+            if first >= 0:
+                out[site] = (v[0], first)
+    return out
+
+
 def _rank_dirs(path: Path, warnings: list[str]) -> dict[int, Path]:
     """rank -> its directory, for every rank-N directory with a plausible N: a
     30-digit name or a stray rank-1000000000 next to four real directories is
@@ -309,6 +324,7 @@ def load(path: str | os.PathLike[str]) -> Trace:
             host_cpus=max(_int(meta.get("host_cpus"), 0), 0),
             coords={str(k): _int(v) for k, v in coords.items()},
             end_status=str(end.get("status", "")), end_message=str(end.get("message", "")),
+            call_sites=_call_sites(meta.get("call_sites")),
         )
         gpath = d / S.GROUPS_JSON
         if gpath.exists():

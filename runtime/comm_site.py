@@ -30,6 +30,9 @@ def _short_path(filename: str) -> str:
 
 
 _SITES: dict[tuple[str, int], str] = {}
+# site -> (function name, its def line): lets the analyzer tell whether a crash traceback's frame is
+# in the function that issues a call site, past its line (a rank that went past a collective)
+_FUNCS: dict[str, tuple[str, int]] = {}
 
 
 def call_site() -> str:
@@ -44,7 +47,13 @@ def call_site() -> str:
     site = _SITES.get(key)
     if site is None:
         site = _SITES[key] = f"{_short_path(key[0])}:{key[1]}"
+        _FUNCS[site] = (f.f_code.co_name, f.f_code.co_firstlineno)
     return site
+
+
+def site_functions() -> dict[str, list]:
+    """{call site: [function name, def line]} of every call site seen so far (for rank.json)."""
+    return {s: [name, first] for s, (name, first) in _FUNCS.items()}
 
 
 _META: dict[tuple[Any, Any], tuple[str, str, int]] = {}

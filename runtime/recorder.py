@@ -425,6 +425,34 @@ class Recorder:
             faulthandler.dump_traceback(file=self._stacks_file, all_threads=True)
             self._stacks_file.flush()
 
+    def dump_exception(self, exc: BaseException) -> None:
+        """Append the stack an exception unwound, in faulthandler's layout, to stacks.txt.
+
+        A rank that dies of a Python exception leaves no faulthandler dump, yet where it was
+        when it raised is the evidence: past the line of a collective it never issued, it
+        skipped that collective. Each frame also says its function's def line, so a frame is
+        matched to the function of a call site (rank.json `call_sites`), not to a namesake."""
+        frames = []
+        tb = exc.__traceback__
+        outer = tb.tb_frame.f_back if tb is not None else None
+        while tb is not None:
+            frames.append((tb.tb_frame.f_code, tb.tb_lineno))
+            tb = tb.tb_next
+        chain = []
+        while outer is not None:                     # the callers of the frame that caught it
+            chain.append((outer.f_code, outer.f_lineno))
+            outer = outer.f_back
+        lines = [f'  File "{c.co_filename}", line {n} in {c.co_name} (def line {c.co_firstlineno})'
+                 for c, n in reversed(frames)] + [f'  File "{c.co_filename}", line {n} in {c.co_name}' for c, n in chain]
+        with self._io_lock:
+            if self._stacks_file.closed:
+                return
+            self._stacks_file.write(f"\n=== ncclscope rank {self.rank}: exception {type(exc).__name__} "
+                                    f"at {time.time_ns()} ns ===\n"
+                                    f"Current thread 0x{threading.get_ident():016x} (most recent call first):\n"
+                                    + "\n".join(lines) + "\n")
+            self._stacks_file.flush()
+
     # ---- flushing ----------------------------------------------------------
     def flush(self) -> None:
         """Write queued rows now (the flusher does this on its own timer)."""
@@ -537,6 +565,9 @@ class NullRecorder:
 
     def dump_stacks(self, reason: str) -> None:
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+
+    def dump_exception(self, exc: BaseException) -> None:
+        pass                                       # train.py prints the traceback to stderr itself
 
     def flush(self) -> None:
         pass

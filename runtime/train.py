@@ -58,6 +58,7 @@ from ncclscope import schema as S
 
 from . import config as C
 from .comm import Comm, CommError, CommTimeoutError
+from .comm_site import site_functions
 from .data import global_batch, shard
 from .faults import FaultPlan
 from .mesh import MeshError, build_mesh
@@ -332,7 +333,9 @@ def run_rank(cfg: C.RunConfig, rank: int, world_size: int, init_method: str, loc
     except Exception as exc:  # the trace must still be closed and say why
         code, message = EXIT_OTHER, f"rank {rank}: {type(exc).__name__}: {exc}"
         traceback.print_exc()
+        rec.dump_exception(exc)
     finally:
+        rec.write_meta(call_sites=site_functions())
         if sampler is not None:
             sampler.stop()
         _drain_completions(comm)

@@ -132,6 +132,30 @@ def test_recorder_rows_and_meta(tmp_path: Path) -> None:
     assert sum("has no directory" in w for w in trace.warnings) == 3
 
 
+def _raise_in_helper() -> None:
+    raise RuntimeError("boom")
+
+
+def test_an_exception_leaves_its_stack_and_the_call_sites_their_functions(tmp_path: Path) -> None:
+    """What the analyzer's went-past-a-collective rule reads: the frames the exception unwound, with
+    each function's def line, in a dump main_thread_dumps parses; rank.json's call_sites."""
+    from ncclscope.analysis.stacks import main_thread_dumps
+    from ncclscope.runtime.recorder import Recorder
+    rec = Recorder(tmp_path, 0, 1)
+    try:
+        _raise_in_helper()
+    except RuntimeError as exc:
+        rec.dump_exception(exc)
+    rec.write_meta(call_sites={"runtime/parallel/expert.py:190": ["_experts", 180], "bad": "shape"})
+    rec.close("error", "boom")
+    trace = load(tmp_path)
+    (_, frames), = main_thread_dumps(trace.stacks[0])
+    first = _raise_in_helper.__code__.co_firstlineno
+    assert f"line {first + 1} in _raise_in_helper (def line {first})" in frames[0], frames
+    assert "in test_an_exception_leaves_its_stack_and_the_call_sites_their_functions (def line" in frames[1]
+    assert trace.ranks[0].call_sites == {"runtime/parallel/expert.py:190": ("_experts", 180)}
+
+
 # ---- the hot path writes exactly the rows its calls describe ------------------
 def _blank(**fields):
     row = {name: ("" if pa.types.is_string(t) else -1) for name, t in S.EVENT_FIELDS}

@@ -257,6 +257,35 @@ def test_ep_forward_that_failed_before_its_all_to_all_is_a_death() -> None:
     assert (d.headline.kind, d.headline.ranks) == ("dead_rank", [1]), d.verdict
 
 
+def _ep_exception(line: int, def_line: int = 180, func: str = "_experts") -> TraceBuilder:
+    """The failure is too quick for the span rule; rank 1's exception dump says where it raised."""
+    b = _ep(fail_after=0.005)
+    b._ranks[1].call_sites = {A2A: ("_experts", 180)}
+    b.stacks(1, "\n=== ncclscope rank 1: exception RuntimeError at 5 ns ===\n"
+                "Current thread 0x00007f0000000001 (most recent call first):\n"
+                '  File "/w/runtime/parallel/expert.py", line 98 in forward (def line 94)\n'
+                f'  File "/w/runtime/parallel/expert.py", line {line} in {func} (def line {def_line})\n'
+                '  File "/w/runtime/model.py", line 170 in forward (def line 168)\n'
+                '  File "/w/runtime/train.py", line 320 in run_rank (def line 293)\n')
+    return b
+
+
+def test_an_exception_raised_past_the_all_to_all_line_in_its_function_is_a_skip() -> None:
+    d = diagnose(_ep_exception(line=192).build())
+    h = d.headline
+    assert (h.kind, h.ranks) == ("hang", [1]), d.verdict
+    assert "line 192 of _experts" in h.title and A2A in h.title, h.title
+
+
+@pytest.mark.parametrize("line,def_line,func", [(190, 180, "_experts"),      # raised in the call itself
+                                                (185, 180, "_experts"),      # before it
+                                                (192, 120, "_experts"),      # a namesake defined elsewhere
+                                                (192, 180, "forward")])
+def test_an_exception_not_past_the_all_to_all_stays_a_death(line: int, def_line: int, func: str) -> None:
+    d = diagnose(_ep_exception(line, def_line, func).build())
+    assert (d.headline.kind, d.headline.ranks) == ("dead_rank", [1]), d.verdict
+
+
 # ---------------------------------------------------------------------------
 # context parallelism: the skipper went on to the next step's ring p2p
 # ---------------------------------------------------------------------------

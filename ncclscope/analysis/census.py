@@ -211,7 +211,8 @@ def deviations_before_death(ix, dead: list[int]) -> pd.DataFrame:
             first_k = coll.loc[(coll["process_group"] == g) & (coll["step"] == step) & (coll["rank"] != r),
                                "collective_seq_id"]
             pos = k - int(first_k.min()) if len(first_k) else -1       # the others' position in the step
-            hit = _stack_rule(trace, coll, r, g, site, step, pos) or _span_rule(trace, ix, coll, r, site, step)
+            hit = (_stack_rule(trace, coll, r, g, site, step, pos) or _past_rule(trace, coll, r, site, step)
+                   or _span_rule(trace, ix, coll, r, site, step))
             if hit:
                 basis, went, note = hit
                 rows.append({"rank": r, "process_group": g, "seq": k, "step": step, "call_site": site, "op_name": op,
@@ -252,6 +253,45 @@ def _stack_rule(trace, coll: pd.DataFrame, r: int, g: str, site: str, step: int,
     calls = "one call" if ahead == 1 else f"{ahead} calls"
     note = f"its stack shows it in {name} from {x} instead, {calls} ahead in the step's order on {g}"
     return ("stack" if exact else "stack-ahead"), x, note
+
+
+_FUNC_FRAME_RE = re.compile(r'File "([^"]+)", line (\d+) in (\S+)(?: \(def line (\d+)\))?')
+
+
+def _past_rule(trace, coll: pd.DataFrame, r: int, site: str, step: int):
+    """r's last stack (an exception's, or a dump) has a frame in the function that issues Y, at a later
+    line than Y's, and r issued nothing from Y in this step: it went past Y without issuing it.
+
+    The function of Y comes from rank.json `call_sites` (name and def line); a frame must match both
+    where the dump says its def line (the runtime's exception dumps do), else the name. A loop that
+    issued Y earlier in the step and is past it again is excluded by the no-Y-in-this-step test."""
+    text = (getattr(trace, "stacks", None) or {}).get(r, "")
+    path, _, line = site.rpartition(":")
+    if not text.strip() or not path or not line.isdigit():
+        return None
+    info = next((i.call_sites[site] for q, i in sorted(trace.ranks.items(), key=lambda kv: kv[0] != r)
+                 if site in i.call_sites), None)
+    if info is None:
+        return None
+    if len(coll[(coll["rank"] == r) & (coll["step"] == step) & (coll["call_site"] == site)]):
+        return None
+    from .stacks import main_thread_dumps
+    dumps = main_thread_dumps(text)
+    if not dumps:
+        return None
+    func, first = info
+    for fl in dumps[-1][1]:                              # innermost first
+        m = _FUNC_FRAME_RE.search(fl)
+        if not m or not (m.group(1) == path or m.group(1).endswith("/" + path)) or m.group(3) != func:
+            continue
+        if m.group(4) is not None and int(m.group(4)) != first:
+            continue
+        at = int(m.group(2))
+        if at > int(line):
+            return ("traceback", "", f"its last stack shows it at line {at} of {func} ({path}), past the "
+                                     f"line {line} collective it issued there in earlier steps")
+        return None                                      # in Y's function, not past Y
+    return None
 
 
 SPAN_MARGIN = 1.2     # the failing span ran this much longer than the rank needed to reach Y before
