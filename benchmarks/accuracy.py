@@ -83,7 +83,7 @@ def applies(kind: str, lay: Layout) -> bool:
     if kind == "p2p_order":
         return lay.pp > 1
     if kind in ("desync_grad",):
-        return lay.dp > 1
+        return lay.dp > 1 and not lay.has("zero")     # refused there: ZeRO replicas cannot drift
     return True
 
 

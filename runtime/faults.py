@@ -172,6 +172,10 @@ def check_specs(specs: list[str], cfg: Any) -> list[Fault]:
                                      f"activations onward (--pp {cfg.pp}); pick a rank of an earlier stage")
         if f.kind == "desync_grad" and cfg.dp * cfg.cp < 2:
             raise FaultSpecError(f"--inject {spec}: needs data parallelism (--dp > 1): no replica to disagree with")
+        if f.kind == "desync_grad" and cfg.zero >= 1:
+            raise FaultSpecError(f"--inject {spec}: under --zero {cfg.zero} every replica copies its parameters "
+                                 "from the all-gather of the shard owners' updates, so a rank that keeps its own "
+                                 "gradient changes a shard all replicas share and none can drift; use --zero 0")
     return faults
 
 

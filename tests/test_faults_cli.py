@@ -58,6 +58,7 @@ def test_inject_help_lists_every_kind_with_its_keys(tmp_path: Path) -> None:
     (dict(dp=2), "skip:rank=0,step=1,group=tp", "group=tp has one rank on this layout"),
     (dict(dp=2), "wrong_group:rank=0,step=1,use=pp", "use=pp has one rank on this layout"),
     (dict(pp=2), "desync_grad:rank=0,step=1", "needs data parallelism"),
+    (dict(dp=2, zero=2), "desync_grad:rank=0,step=1", "under --zero 2 every replica copies its parameters"),
     (dict(), "skip:rank=0,step=1", "one rank has no collective to skip"),
     (dict(dp=2), "skip:rank=0,step=1,op=all_reduce_coalesced", "is not a collective"),
     (dict(dp=2), "mismatch:rank=0,step=1,what=shape", "what must be size, dtype or type"),
@@ -79,8 +80,8 @@ def test_drills_that_can_fire_pass() -> None:
 
 
 @pytest.mark.parametrize("kwargs, n_layer", [
-    (dict(pp=4), 4), (dict(pp=2, vpp=2, schedule="interleaved", microbatches=2), 4), (dict(pp=3), 3),
-    (dict(pp=2), 2), (dict(), 2), (dict(pp=2, pp_layers=[1, 3]), 4),
+    (dict(pp=4), 8), (dict(pp=2, vpp=2, schedule="interleaved", microbatches=2), 8), (dict(pp=3), 6),
+    (dict(pp=2), 4), (dict(), 2), (dict(pp=2, pp_layers=[1, 3]), 4),
 ])
 def test_default_model_is_sized_to_the_layout(kwargs: dict, n_layer: int) -> None:
     assert RunConfig(**kwargs).validate().n_layer == n_layer
@@ -98,6 +99,6 @@ def test_cli_sizes_the_model_for_pp4_without_n_layer() -> None:
     from ncclscope.runtime import config as C
     p = argparse.ArgumentParser()
     C.add_arguments(p)
-    assert C.from_args(p.parse_args(["--pp", "4"])).n_layer == 4
+    assert C.from_args(p.parse_args(["--pp", "4"])).n_layer == 8
     with pytest.raises(ConfigError, match=r"^--n-layer 2 is not divisible by --pp 4"):
         C.from_args(p.parse_args(["--pp", "4", "--n-layer", "2"]))
