@@ -30,6 +30,7 @@ from typing import Any
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 DEVICES = ("cpu", "cuda")
 DEFAULT_N_LAYER = 2
+PIPELINE_BLOCKS_PER_STAGE = 2
 
 
 class ConfigError(ValueError):
@@ -175,7 +176,10 @@ class RunConfig:
             self.n_layer = sum(self.pp_layers)
             return
         stages = max(1, self.pp) * max(1, self.vpp)
-        self.n_layer = -(-DEFAULT_N_LAYER // stages) * stages
+        # Two blocks per pipeline stage: the last stage also runs the LM head and the loss, about
+        # two thirds of a block at the default width, so with one block each it would be ~1.6x the
+        # first stage, a real imbalance that a healthy default layout must not have.
+        self.n_layer = DEFAULT_N_LAYER if stages == 1 else PIPELINE_BLOCKS_PER_STAGE * stages
 
     def layers_per_stage(self) -> list[int]:
         if self.pp_layers:
@@ -203,7 +207,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vpp", type=int, default=1, help="virtual pipeline stages per rank (interleaved)")
     p.add_argument("--pp-layers", default="", help="explicit layers per stage, e.g. 1,3")
     p.add_argument("--n-layer", type=int, default=None,
-                   help=f"transformer blocks (default {DEFAULT_N_LAYER}, or one per pipeline stage if there are more)")
+                   help=f"transformer blocks (default {DEFAULT_N_LAYER}; with a pipeline, {PIPELINE_BLOCKS_PER_STAGE} "
+                        "per (virtual) stage)")
     p.add_argument("--n-head", type=int, default=d.n_head)
     p.add_argument("--n-embd", type=int, default=d.n_embd)
     p.add_argument("--block-size", type=int, default=d.block_size)
