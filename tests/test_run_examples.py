@@ -89,9 +89,16 @@ def deviating_sites(run_dir: Path, finding: dict) -> set[str]:
 
 
 # ---- DDP -------------------------------------------------------------------------
-def test_ddp_healthy_traced_directly_and_through_flight_recorder(tmp_path):
-    out = tmp_path / "ddp"
-    proc = ncclscope_run(out, 2, "examples/ddp.py", "--steps", "3")
+@pytest.fixture(scope="module")
+def ddp_healthy(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    """One healthy DDP job under `ncclscope run`, shared by the tests that read it (each job costs
+    ~12 s here: the launcher and every rank import torch)."""
+    out = tmp_path_factory.mktemp("ddp-healthy") / "ddp"
+    return out, ncclscope_run(out, 2, "examples/ddp.py", "--steps", "3")
+
+
+def test_ddp_healthy_traced_directly_and_through_flight_recorder(ddp_healthy):
+    out, proc = ddp_healthy
     assert "ddp: 3 steps on 2 ranks" in proc.stdout
     assert_healthy(out, proc)
     t = ops(out)
@@ -179,12 +186,11 @@ def _shape(run_dir: Path) -> dict:
     return {"files": files, "counts": counts}
 
 
-def test_torchrun_writes_the_same_run_directory_as_ncclscope_run(tmp_path):
-    a, b = tmp_path / "a", tmp_path / "b"
-    pa_ = ncclscope_run(a, 2, "examples/ddp.py", "--steps", "2")
+def test_torchrun_writes_the_same_run_directory_as_ncclscope_run(tmp_path, ddp_healthy):
+    (a, pa_), b = ddp_healthy, tmp_path / "b"
     assert pa_.returncode == 0, pa_.stderr[-3000:]
     pb = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "ncclscope.run", "--out", str(b), "examples/ddp.py", "--steps", "2"])
+               "-m", "ncclscope.run", "--out", str(b), "examples/ddp.py", "--steps", "3"])
     assert pb.returncode == 0, pb.stderr[-3000:]
     assert _shape(a) == _shape(b)
     assert (b / "run.json").exists() and json.loads((b / "run.json").read_text())["launcher"] == "torchrun"
