@@ -88,6 +88,7 @@ METRIC_FIELDS: list[tuple[str, pa.DataType]] = [
     ("loss", pa.float64()),
     ("grad_norm_local", pa.float64()),   # this rank's gradient before any reduction
     ("grad_norm_global", pa.float64()),  # norm of the full reduced gradient (all dims)
+    ("grad_norm_reduced", pa.float64()),  # this rank's own gradient after the data-parallel reduction
     ("param_checksum", pa.float64()),    # sum over this rank's parameters; replicas must agree
     ("memory_bytes", pa.int64()),        # CUDA allocated, else process RSS
     ("tokens", pa.int64()),

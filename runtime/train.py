@@ -224,6 +224,9 @@ def train(cfg: C.RunConfig, comm: Comm, mesh: Any, rec: Any, faults: FaultPlan |
         for option in hooks.reduce_options:
             options.update(option(step))
         loss_avg = dpar.reduce(loss_sum.reshape(1), **options)
+        # this rank's own gradient after the reduction: equal to local_norm only where it kept its own
+        reduced_norm = (math.sqrt(grad_norm_sq(params)) if all(p.grad is not None for p in params)
+                        else float("nan"))
         global_norm = dpar.global_norm()
         loss = float(loss_avg[0]) if is_last else float("nan")
         if dump_grads:
@@ -233,7 +236,7 @@ def train(cfg: C.RunConfig, comm: Comm, mesh: Any, rec: Any, faults: FaultPlan |
             dpar.step(global_norm, cfg.grad_clip)
         moe_stats = [m.reset_stats() for m in moes]
         rec.metric(step=step, step_time_s=time.perf_counter() - t_step, loss=loss,
-                   grad_norm_local=local_norm, grad_norm_global=global_norm,
+                   grad_norm_local=local_norm, grad_norm_global=global_norm, grad_norm_reduced=reduced_norm,
                    param_checksum=param_checksum(params), memory_bytes=_memory_bytes(),
                    tokens=int(x.numel()), **_moe_metrics(moes, moe_stats))
     if dump_grads:

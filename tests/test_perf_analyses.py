@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pytest
 from conftest import ROOT, run_cli
@@ -308,6 +309,41 @@ def test_two_replicas_tie_broken_by_the_skipped_reduction() -> None:
     res = analyze_divergence(metrics_trace(rows, coords))
     (f,) = [f for f in res.findings if f.kind == "grad_divergence"]
     assert f.ranks == [0] and f.data["step"] == 1 and not f.data["ambiguous"]
+
+
+def _tp2dp2_kept(kept: int | None, healthy_reduce_keeps: bool = False) -> list[dict]:
+    """tp2 x dp2: at step 1 `kept` applies its own gradient (its reduced norm is its local one), so its
+    replica's global norm and its checksum move; the tp partners mix into the global norm, two replicas
+    have no majority. `healthy_reduce_keeps`: every rank's reduction leaves its norm as it was."""
+    rows = []
+    for s in range(3):
+        for r in range(4):
+            dp, tp = r // 2, r % 2
+            local = 2.0 + 0.3 * r + 0.1 * s
+            moved = kept is not None and s >= 1 and dp == kept // 2
+            rows.append({"rank": r, "step": s, "grad_norm_local": local,
+                         "grad_norm_reduced": local if (healthy_reduce_keeps or (r == kept and s == 1)) else 2.5 + tp,
+                         "grad_norm_global": 4.0 + (0.2 if moved else 0.0),
+                         "param_checksum": 10.0 + tp + s + (0.01 if moved and r == kept else 0.0)})
+    return rows
+
+
+@pytest.mark.parametrize("kept", [0, 3])
+def test_the_rank_whose_reduced_gradient_is_its_own_breaks_a_two_replica_tie(kept: int) -> None:
+    coords = {r: {"tp": r % 2, "pp": 0, "dp": r // 2, "ep": 0} for r in range(4)}
+    res = analyze_divergence(metrics_trace(_tp2dp2_kept(kept), coords))
+    (f,) = [f for f in res.findings if f.kind == "grad_divergence"]
+    assert f.ranks == [kept] and f.data["step"] == 1 and not f.data["ambiguous"], f.title
+
+
+def test_reduced_equal_to_local_on_every_rank_is_no_evidence() -> None:
+    coords = {r: {"tp": r % 2, "pp": 0, "dp": r // 2, "ep": 0} for r in range(4)}
+    rows = _tp2dp2_kept(0, healthy_reduce_keeps=True)
+    from ncclscope.analysis.divergence_ties import _kept_own_gradient
+    m = pd.DataFrame(rows)
+    assert _kept_own_gradient(m, 1, [0, 1, 2, 3]) is None
+    assert _kept_own_gradient(pd.DataFrame(_tp2dp2_kept(0)), 1, [0, 1, 2, 3]) == 0
+    assert _kept_own_gradient(m.drop(columns=["grad_norm_reduced"]), 1, [0, 1, 2, 3]) is None
 
 
 def test_replica_sets_follow_tp_and_pp_coordinates() -> None:

@@ -296,6 +296,7 @@ def _metrics_table(rank: int, steps: list[tuple[int, int, int, bool]]) -> pa.Tab
         "time_ns": pa.array(np.array([s[0] for s in cpu], np.int64)),
         "step_time_s": pa.array(np.array([(s[1] - s[0]) / 1e9 for s in cpu], np.float64)),
         "loss": pa.array(nan), "grad_norm_local": pa.array(nan), "grad_norm_global": pa.array(nan),
+        "grad_norm_reduced": pa.array(nan),
         "param_checksum": pa.array(nan), "memory_bytes": pa.array(np.full(n, -1, np.int64)),
         "tokens": pa.array(np.full(n, -1, np.int64)), "expert_load": pa.array([[]] * n, pa.list_(pa.int64())),
         "dropped_tokens": pa.array(np.full(n, -1, np.int64)), "extra": pa.array(['{"source": "ProfilerStep"}'] * n),
