@@ -357,7 +357,7 @@ def _metrics(r: int, s: int, k: int, pp: int, steps: int, start: np.ndarray, end
         "rank": pa.array(np.full(steps, r), pa.int32()), "step": pa.array(st, pa.int32()),
         "time_ns": pa.array(t_end + T0 - offset, pa.int64()), "step_time_s": pa.array(step_time),
         "loss": pa.array(loss), "grad_norm_local": pa.array(gn * (1 + 0.1 * rng.standard_normal(steps))),
-        "grad_norm_global": pa.array(gn), "param_checksum": pa.array(100.0 + s * 10 + k + st * 0.01),
+        "grad_norm_global": pa.array(gn), "grad_norm_reduced": pa.array(np.full(steps, np.nan)), "param_checksum": pa.array(100.0 + s * 10 + k + st * 0.01),
         "memory_bytes": pa.array((60e9 + 1e8 * np.minimum(st, 5) + s * 1e9).astype(np.int64)),
         "tokens": pa.array(np.full(steps, 8 * 4096), pa.int64()),
         "expert_load": pa.array([list(x) for x in rng.poisson(4096, (steps, 8)) * np.array([3, 1, 1, 1, 1, 1, 1, 1])],
