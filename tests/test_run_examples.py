@@ -173,6 +173,9 @@ def test_a_script_that_raises_on_one_rank_keeps_its_exception_and_exit_code(tmp_
         assert len(mine) >= 3 and (mine["status"].head(3) == "ok").all()
     meta = json.loads((out / "rank-00001" / "rank.json").read_text())
     assert meta["end"]["status"] == "error" and "ValueError" in meta["end"]["message"]
+    # the evidence of where it raised, for the went-past-a-collective rule: its frames, and each site's function
+    assert re.search(r'raises\.py", line 10 in <module> \(def line 1\)', (out / "rank-00001" / "stacks.txt").read_text())
+    assert {s.rsplit(":", 1)[1]: f for s, f in meta["call_sites"].items()} == {"8": ["<module>", 1]}   # line 11 never ran there
     run = json.loads((out / "run.json").read_text())
     assert run["end_reason"] == "rank_failed" and run["ranks"]["1"]["exitcode"] == 1
 

@@ -169,6 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     from ncclscope.runtime.telemetry import Sampler
 
     from . import tracer as T
+    from .callsite import site_functions
 
     rec = Recorder(out, rank, world)
     rec.context.step = 0
@@ -206,13 +207,14 @@ def main(argv: list[str] | None = None) -> int:
     except BaseException as exc:
         status, message = "error", T.text_of(exc)
         tracer.evidence(f"uncaught {type(exc).__name__} in {script}", stacks=False)
+        rec.dump_exception(exc)
         raise
     finally:
         try:
             tracer.close()
             if sampler is not None:
                 sampler.stop()
-            rec.write_meta(duration_s=round(time.time() - t0, 3))
+            rec.write_meta(duration_s=round(time.time() - t0, 3), call_sites=site_functions())
             rec.close(status, message)
         except Exception as exc:   # the script's outcome wins over ours
             print(f"ncclscope: rank {rank}: closing the trace failed: {exc}", file=sys.stderr)

@@ -41,6 +41,9 @@ _LIB_CODE: dict[Any, bool] = {}
 # (code object, bytecode offset) -> "file:line" (the offset is free to read; the line number
 # is computed from the code's line table, so it is read once per site, not once per call)
 _SITES: dict[tuple[Any, int], str] = {}
+# "file:line" -> (function name, its def line), for rank.json `call_sites`: the analyzer tells from an
+# exception's frames whether a rank went past the line of a collective it never issued
+_FUNCS: dict[str, tuple[str, int]] = {}
 
 
 def call_site(depth: int = 2) -> str:
@@ -59,9 +62,15 @@ def call_site(depth: int = 2) -> str:
             site = _SITES.get(key)
             if site is None:
                 site = _SITES[key] = f"{_short(code.co_filename)}:{f.f_lineno}"
+                _FUNCS[site] = (code.co_name, code.co_firstlineno)
             return site
         f = f.f_back
     return ""
+
+
+def site_functions() -> dict[str, list]:
+    """{call site: [function name, def line]} of every user call site seen so far."""
+    return {s: [name, first] for s, (name, first) in _FUNCS.items()}
 
 
 def text_of(exc: BaseException) -> str:
