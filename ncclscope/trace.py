@@ -177,6 +177,9 @@ def read_stream(path: Path, schema: pa.Schema, warnings: list[str]) -> pa.Table:
     except (pa.ArrowException, ValueError) as exc:
         warnings.append(f"{path}: batches disagree with the stream's schema ({_short(exc)}); skipped")
         return _empty(schema)
+    same = table.replace_schema_metadata(schema.metadata)      # already in this schema: nothing to conform
+    if same.schema.equals(schema, check_metadata=True):
+        return same
     return conform_table(table, schema, path, warnings)
 
 

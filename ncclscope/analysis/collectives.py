@@ -37,7 +37,7 @@ import pandas as pd
 from .. import schema as S
 from ..findings import Evidence, Finding, InstanceRef, WaitSummary
 from .index import IndexLike, TraceIndex, as_index
-from .instances import find_deviations, find_history_deviations, merge_history, type_value
+from .instances import find_deviations, find_history_deviations, merge_history, near_instances, type_value
 from .labels import fmt_ranks, rank_label
 from .wording import since as since_text
 
@@ -210,7 +210,8 @@ def _missing_findings(ix: TraceIndex, max_per_group: int, max_total: int = 12) -
     n_all = len(want)
     want = want.merge(missing.groupby(["process_group", "seq"])["first_start_ns"].min().reset_index(),
                       on=["process_group", "seq"]).sort_values(["first_start_ns", "process_group"]).head(max_total)
-    began = coll.merge(want, left_on=["process_group", "collective_seq_id"], right_on=["process_group", "seq"])
+    began = near_instances(coll, want["process_group"], want["seq"]).merge(
+        want, left_on=["process_group", "collective_seq_id"], right_on=["process_group", "seq"])
     for (g, k), sub in missing.merge(want, on=["process_group", "seq"]).groupby(["process_group", "seq"], sort=True):
         g, k = str(g), int(k)
         absent = sorted(int(r) for r in sub["rank"])

@@ -133,25 +133,74 @@ def _p2p(trace: Trace) -> pd.DataFrame:
     """Per op pairs (src, dst): send matched to its recv by (src, dst, p2p_seq_id).
 
     Latency = receive completion - send start (what the consumer saw); the
-    matrix sums bytes per (src, dst)."""
+    matrix sums bytes per (src, dst). A left join of sends with recvs: where
+    the recvs' keys are unique (every healthy trace) it is a sorted-key lookup
+    over numpy columns (no copy of the p2p rows, no merge), else a merge."""
     ops = trace.ops
     mask = ((ops["kind"] == "p2p") & (ops["peer"] >= 0)).to_numpy()
     if not mask.any():
         return pd.DataFrame(columns=["src", "dst", "seq", "bytes", "lat_ms", "algbw_gbs"])
-    p2p = ops.loc[mask, ["rank", "peer", "p2p_seq_id", "bytes", "start_ns", "end_ns", "op_name"]]
-    is_send = p2p["op_name"].isin(SEND_OPS).to_numpy()
-    sends, recvs = p2p[is_send], p2p[~is_send]
-    s = pd.DataFrame({"src": sends["rank"].astype("int64"), "dst": sends["peer"].astype("int64"),
-                      "seq": sends["p2p_seq_id"], "bytes": sends["bytes"], "t0": sends["start_ns"],
-                      "s_end": sends["end_ns"]})
-    r = pd.DataFrame({"src": recvs["peer"].astype("int64"), "dst": recvs["rank"].astype("int64"),
-                      "seq": recvs["p2p_seq_id"], "r_end": recvs["end_ns"]})
-    pairs = s.merge(r, on=["src", "dst", "seq"], how="left")
-    end = pairs["r_end"].where(pairs["r_end"].notna() & (pairs["r_end"] >= 0), pairs["s_end"])
-    lat = (end - pairs["t0"]).where(end >= 0) / MS
-    pairs["lat_ms"] = lat
-    pairs["algbw_gbs"] = np.where(lat > 0, pairs["bytes"] / (lat / 1e3) / 1e9, np.nan)
-    return pairs[["src", "dst", "seq", "bytes", "lat_ms", "algbw_gbs"]].reset_index(drop=True)
+    rows = np.flatnonzero(mask)
+    is_send = ops["op_name"].isin(SEND_OPS).to_numpy()[rows]
+    srows, rrows = rows[is_send], rows[~is_send]
+    del rows, is_send, mask
+    rank, peer, seq = ops["rank"].to_numpy(), ops["peer"].to_numpy(), ops["p2p_seq_id"].to_numpy()
+    start, end = ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy()
+    s = {"src": rank[srows].astype("int64"), "dst": peer[srows].astype("int64"), "seq": seq[srows],
+         "bytes": ops["bytes"].to_numpy()[srows], "t0": start[srows], "s_end": end[srows]}
+    r = {"src": peer[rrows].astype("int64"), "dst": rank[rrows].astype("int64"), "seq": seq[rrows],
+         "r_end": end[rrows]}
+    hit = (_unique_lookup([s["src"], s["dst"], s["seq"]], [r["src"], r["dst"], r["seq"]])
+           if len(srows) and len(rrows) else None)
+    if hit is None:               # duplicate recv keys (or keys too wide to pack): the merge's many-to-many rows
+        pairs = pd.DataFrame(s).merge(pd.DataFrame(r), on=["src", "dst", "seq"], how="left")
+        end = pairs["r_end"].where(pairs["r_end"].notna() & (pairs["r_end"] >= 0), pairs["s_end"])
+        lat = (end - pairs["t0"]).where(end >= 0) / MS
+        pairs["lat_ms"] = lat
+        pairs["algbw_gbs"] = np.where(lat > 0, pairs["bytes"] / (lat / 1e3) / 1e9, np.nan)
+        return pairs[["src", "dst", "seq", "bytes", "lat_ms", "algbw_gbs"]].reset_index(drop=True)
+    pos, found = hit
+    r_end = r["r_end"][pos]
+    if found.all():               # as the merge: int64 end times, int64 differences
+        e = np.where(r_end >= 0, r_end, s["s_end"])
+        diff = (e - s["t0"]).astype(np.float64)
+    else:                         # a send without its recv: the merge's NaN makes the end times float64
+        r_end = np.where(found, r_end.astype(np.float64), np.nan)
+        e = np.where(found & (r_end >= 0), r_end, s["s_end"].astype(np.float64))
+        diff = e - s["t0"].astype(np.float64)
+    lat = np.where(e >= 0, diff, np.nan) / MS
+    with np.errstate(divide="ignore", invalid="ignore"):
+        bw = np.where(lat > 0, s["bytes"] / (lat / 1e3) / 1e9, np.nan)
+    return pd.DataFrame({"src": s["src"], "dst": s["dst"], "seq": s["seq"], "bytes": s["bytes"], "lat_ms": lat,
+                         "algbw_gbs": bw})
+
+
+def _unique_lookup(left: list[np.ndarray], right: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+    """For each left key (tuple of int columns), the position of the equal right key and whether there is
+    one; None when right keys repeat (a left join would multiply rows) or do not pack into one int64."""
+    lo = [min(int(a.min()) if len(a) else 0, int(b.min()) if len(b) else 0) for a, b in zip(left, right)]
+    hi = [max(int(a.max()) if len(a) else 0, int(b.max()) if len(b) else 0) for a, b in zip(left, right)]
+    width = [h - l + 1 for l, h in zip(lo, hi)]
+    if float(np.prod([float(w) for w in width])) >= 2.0**62:
+        return None
+
+    def pack(cols: list[np.ndarray]) -> np.ndarray:
+        key = np.zeros(len(cols[0]), dtype=np.int64)
+        for c, l, w in zip(cols, lo, width):
+            key *= w
+            key += c.astype(np.int64) - l
+        return key
+
+    rk = pack(right)
+    order = np.argsort(rk, kind="stable")
+    rk = rk[order]
+    if len(rk) > 1 and bool((rk[1:] == rk[:-1]).any()):
+        return None
+    lk = pack(left)
+    if not len(rk):
+        return np.zeros(len(lk), dtype=np.int64), np.zeros(len(lk), dtype=bool)
+    at = np.minimum(np.searchsorted(rk, lk), len(rk) - 1)
+    return order[at], rk[at] == lk
 
 
 def p2p_matrix(p2p: pd.DataFrame) -> pd.DataFrame:

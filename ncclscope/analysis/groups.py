@@ -32,9 +32,11 @@ import pandas as pd
 from ..findings import Evidence, Finding, InstanceRef, WaitSummary
 from .index import IndexLike, TraceIndex, as_index
 from .group_order import creation_order_findings
+from .instances import near_instances
 from .labels import group_label, kind_of, majority_vote, rank_label
 from .membership import INFERRED_PREFIX
-from .wording import duration, wait_ns, wait_seconds
+from .wording import duration, wait_seconds
+from .wrong_site import _since, find_wrong_group_by_site  # noqa: F401 - re-exported
 
 if TYPE_CHECKING:
     from ..trace import Trace
@@ -212,8 +214,9 @@ def find_wrong_group(source: IndexLike, max_findings: int = 16) -> list[Finding]
     if not len(missing) or not len(coll):
         return []
     miss = missing.head(max_findings * 8)[["process_group", "seq", "rank", "n_began", "n_members"]]
-    inst = coll.merge(miss[["process_group", "seq"]].drop_duplicates(),
-                      left_on=["process_group", "collective_seq_id"], right_on=["process_group", "seq"])
+    inst = near_instances(coll, miss["process_group"], miss["seq"]).merge(
+        miss[["process_group", "seq"]].drop_duplicates(),
+        left_on=["process_group", "collective_seq_id"], right_on=["process_group", "seq"])
     if not len(inst):
         return []
     inst = inst.assign(key=_match_key(inst))
@@ -253,7 +256,8 @@ def find_wrong_group(source: IndexLike, max_findings: int = 16) -> list[Finding]
         # Support for h's instance: members that issued the same call there (a member that is in
         # (h, seq) from another call site was doing its own thing, not joining b).
         cand_inst = c[["wrong_group", "wrong_seq", "key"]].drop_duplicates()
-        h_rows = coll.merge(cand_inst[["wrong_group", "wrong_seq"]].drop_duplicates(),
+        h_rows = near_instances(coll, cand_inst["wrong_group"], cand_inst["wrong_seq"]).merge(
+                            cand_inst[["wrong_group", "wrong_seq"]].drop_duplicates(),
                             left_on=["process_group", "collective_seq_id"], right_on=["wrong_group", "wrong_seq"])
         h_rows = h_rows.assign(key=_match_key(h_rows)).merge(cand_inst, on=["wrong_group", "wrong_seq", "key"])
         counts = h_rows.groupby(["wrong_group", "wrong_seq", "key"]).size()
@@ -276,96 +280,6 @@ def find_wrong_group(source: IndexLike, max_findings: int = 16) -> list[Finding]
         if len(findings) >= max_findings:
             break
     return findings
-
-
-SITE_MIN_USES = 3            # calls from a site before its group kind counts as established
-SITE_MAJORITY = 0.75         # share of a site's calls on its kind (a helper used for every kind has none)
-
-
-def find_wrong_group_by_site(source: IndexLike, max_findings: int = 16) -> list[Finding]:
-    """`wrong_group` from call sites: a rank's op on group h at a call site whose calls go to
-    groups of another kind everywhere else, in an instance of h its peers entered from a call
-    site of h's own kind.
-
-    On gloo nothing hangs at the wrong call itself: h's peers pair it with their own (say the
-    gradient all-reduce, same size) and the job deadlocks a few ops later on crossed sequence
-    numbers. The dumps still hold the crossing: instance (h, j) holds calls from two sites, and
-    one rank's site is the one every rank otherwise uses on the groups of kind K (say tp). That
-    rank should have called it on its own group of kind K, g; the instance of g it never
-    entered is the one its partners wait in.
-    """
-    ix = as_index(source)
-    coll, kinds, members = ix.coll, ix.kinds, ix.members
-    if not len(coll):
-        return []
-    c = coll[(coll["call_site"] != "").to_numpy()]
-    if not len(c):
-        return []
-    names = {n: kind_of(str(n), kinds) for n in pd.unique(c["process_group"])}   # per name, not per row
-    c = c.assign(kind=c["process_group"].map(names).astype(str))
-    c = c[~c["kind"].isin(["world", "custom"]).to_numpy()]
-    use = c.groupby(["call_site", "kind"], sort=False).size().rename("n").reset_index()
-    tot = use.groupby("call_site")["n"].transform("sum")
-    top = use[(use["n"] >= SITE_MIN_USES) & (use["n"] >= SITE_MAJORITY * tot)]
-    site_kind = dict(zip(top["call_site"], top["kind"]))
-    if len(site_kind) < 2:
-        return []
-    c = c.assign(site_kind=c["call_site"].map(site_kind))
-    odd = c[c["site_kind"].notna() & (c["site_kind"] != c["kind"])]
-    findings: list[Finding] = []
-    for r in odd.sort_values("start_ns").itertuples(index=False):
-        peers = c[(c["process_group"] == r.process_group) & (c["collective_seq_id"] == r.collective_seq_id)
-                  & (c["rank"] != r.rank)]
-        if not len(peers) or not (peers["site_kind"] == r.kind).all():
-            continue                 # the peers did not use h's own call site there: no crossing
-        own = [n for n, k in kinds.items() if k == r.site_kind and int(r.rank) in members.get(n, [])]
-        if len(own) != 1:
-            continue
-        g = own[0]
-        ms = ix.max_seq
-        mine = ms[(ms["process_group"] == g) & (ms["rank"] == r.rank)]["max_seq"]
-        k = int(mine.iloc[0]) + 1 if len(mine) else 1
-        findings.append(_site_finding(ix, r, g, k, peers))
-        if len(findings) >= max_findings:
-            break
-    return findings
-
-
-def _site_finding(ix: TraceIndex, r, g: str, k: int, peers: pd.DataFrame) -> Finding:
-    trace, coll = ix.trace, ix.coll
-    h, b, site = str(r.process_group), int(r.rank), str(r.call_site)
-    waiting = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k) & (coll["rank"] != b)
-                   & (coll["status"].astype(str) != "ok")].sort_values("rank")
-    peer_sites = ", ".join(sorted(set(peers["call_site"].astype(str))))
-    title = (f"{rank_label(trace, [b])} called {r.op_name} on {ix.label(h)} instead of {ix.label(g)} at {site} "
-             f"(#{int(r.collective_seq_id)} on {h}, which its peers entered from {peer_sites}; every other "
-             f"call from {site} is on a group like {g})")
-    since = _since(ix, waiting["start_ns"])
-    if len(waiting):
-        title += (f"; {rank_label(trace, waiting['rank'])} waiting in {waiting['op_name'].iloc[0]} #{k} on {g}"
-                  + (f" since {duration(since)}" if duration(since) else ""))
-    ev = [Evidence(rank=b, note=f"called it from {site} on {h} (#{int(r.collective_seq_id)}); that call site "
-                                f"goes to groups like {g} everywhere else", op_name=str(r.op_name),
-                   process_group=h, seq=int(r.collective_seq_id), op_id=int(r.op_id), time_ns=int(r.start_ns))]
-    ev += [Evidence(rank=int(p.rank), note=f"entered {h} #{int(p.collective_seq_id)} from {p.call_site}",
-                    op_name=str(p.op_name), process_group=h, seq=int(p.collective_seq_id), op_id=int(p.op_id),
-                    time_ns=int(p.start_ns)) for p in peers.head(8).itertuples(index=False)]
-    ev += [Evidence(rank=int(w.rank), note=f"in {g} #{k}: {w.status}, waiting for rank {b}", op_name=str(w.op_name),
-                    process_group=g, seq=k, op_id=int(w.op_id), time_ns=int(w.start_ns))
-           for w in waiting.head(8).itertuples(index=False)]
-    wait_s = wait_seconds(ix.end_ns, waiting["start_ns"].min()) if len(waiting) else None
-    return Finding(kind="wrong_group", severity="error", title=title, ranks=[b], evidence=ev,
-                   instance=InstanceRef(g, k),
-                   wait=WaitSummary(waiting_ranks=tuple(int(x) for x in waiting["rank"]), wait_s=wait_s),
-                   data={"process_group": g, "seq": k, "wrong_group": h, "call_site": site,
-                         "step": int(r.step), "basis": "call_site", "wrong_seq": int(r.collective_seq_id),
-                         "wrong_ns": int(r.start_ns)})
-
-
-def _since(ix: TraceIndex, starts: pd.Series) -> int | None:
-    """ns from the earliest of `starts` to the end of the trace; None when there is no usable time
-    (no start, or an end that is not after it: a dump with no timestamps)."""
-    return wait_ns(ix.end_ns, starts.min()) if len(starts) else None      # wording.wait_ns: the one rule
 
 
 def _site_kinds(coll: pd.DataFrame, c: pd.DataFrame, kind) -> dict[str, str]:

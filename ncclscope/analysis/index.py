@@ -51,12 +51,22 @@ from .labels import fmt_ranks, group_label, trace_start_ns
 from .membership import GroupInfo, group_view_table, recorded_groups, used_groups
 from .p2p_pairs import match_p2p, p2p_ops
 from .rank_states import EndStates, end_states
+from ..columns import _trim
 
 if TYPE_CHECKING:
     from ..trace import Trace
 
 _ATTR = "_ncclscope_index"
 MAX_NAMES = 12                 # names listed in an error sentence
+BIG_OPS = 1_000_000            # ops from which freed heap is handed back to the OS after a stage
+
+
+def release_heap(trace: "Trace | None") -> None:
+    """Give the heap a big stage freed back to the OS (glibc keeps freed blocks of a few MB, so the working
+    copies of one analysis would stay in the resident set under the next one's). A no-op on small traces."""
+    ops = getattr(trace, "ops", None)
+    if ops is not None and len(ops) >= BIG_OPS:
+        _trim()
 
 
 class IndexLookupError(LookupError):
@@ -183,7 +193,9 @@ class TraceIndex:
     @cached_property
     def coll(self) -> pd.DataFrame:
         """The collective ops (plain strings, int64 rank/seq, `gid` group code), sorted by rank, start."""
-        return collective_ops(self.trace.ops)
+        out = collective_ops(self.trace.ops)
+        release_heap(self.trace)
+        return out
 
     @cached_property
     def instances(self) -> pd.DataFrame:
@@ -216,12 +228,16 @@ class TraceIndex:
     @cached_property
     def p2p(self) -> pd.DataFrame:
         """The p2p ops with direction, src, dst, seq (string columns categorical)."""
-        return p2p_ops(self.trace.ops)
+        out = p2p_ops(self.trace.ops)
+        release_heap(self.trace)
+        return out
 
     @cached_property
     def p2p_pairs(self) -> pd.DataFrame:
         """Sends outer-joined with recvs on (src, dst, tag, seq), with `state` matched / send_only / recv_only."""
-        return match_p2p(self.p2p)
+        out = match_p2p(self.p2p)
+        release_heap(self.trace)
+        return out
 
     # ---- ranks ---------------------------------------------------------------
     @cached_property

@@ -79,6 +79,16 @@ def collective_ops(ops: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def near_instances(coll: pd.DataFrame, groups, seqs) -> pd.DataFrame:
+    """The rows of `coll` on one of `groups` with one of `seqs`: a superset of some instances' rows, picked by
+    a mask, so that the merge that pairs them with the instances works on those rows, not on all 2 M."""
+    mask = coll["process_group"].isin(pd.unique(np.asarray(groups, dtype=object))).to_numpy()
+    seqs = np.asarray(seqs)
+    if np.issubdtype(seqs.dtype, np.integer):        # anything else (floats after a merge): groups alone
+        mask = mask & coll["collective_seq_id"].isin(pd.unique(seqs)).to_numpy()
+    return coll[mask]
+
+
 def _keys(coll: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     """One int64 per (group, seq) instance; returns (key, group code)."""
     gid = coll["gid"].to_numpy() if "gid" in coll else pd.factorize(coll["process_group"])[0].astype(np.int64)
@@ -254,7 +264,8 @@ def find_history_deviations(coll: pd.DataFrame, inst: pd.DataFrame, dev: pd.Data
     if not len(cand):
         return pd.DataFrame(columns=cols)
     cand = cand.assign(seq=cand["seq"].astype("int64"))
-    x = coll.merge(cand, left_on=["process_group", "collective_seq_id"], right_on=["process_group", "seq"])
+    x = near_instances(coll, cand["process_group"], cand["seq"]).merge(
+        cand, left_on=["process_group", "collective_seq_id"], right_on=["process_group", "seq"])
     x = x[(x["step"] >= 0) & (x["call_site"] != "")]
     if not len(x):
         return pd.DataFrame(columns=cols)

@@ -48,7 +48,8 @@ def analyze_utilization(trace: Trace, idle_pct: float = 10.0) -> UtilResult:
     res.series = series
     o = trace.ops
     real = (o["kind"] != "marker").to_numpy()
-    ops = o.loc[real, ["rank", "kind", "op_name", "process_group", "peer", "start_ns", "end_ns"]]
+    cols = ["rank", "kind", "op_name", "process_group", "peer", "start_ns", "end_ns"]
+    ops = o[cols] if real.all() else o.loc[real, cols]     # no copy of every op when none is a marker
     # traced busy fraction: union of compute spans over the rank's active span
     comp = ops.loc[((ops["kind"] == "compute") & (ops["end_ns"] >= 0)).to_numpy(), ["rank", "start_ns", "end_ns"]]
     span = ops.groupby("rank").agg(first=("start_ns", "min"), last=("end_ns", "max"))
@@ -83,24 +84,64 @@ def _join_inflight(samples: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     cols = ["rank", "time_ns", "util", "waiting_on"]
     if not len(samples):
         return pd.DataFrame(columns=cols)
-    waits = ops[["rank", "start_ns", "end_ns", "op_name", "process_group", "peer", "kind"]]
+    cols_w = ["rank", "start_ns", "end_ns", "op_name", "process_group", "peer", "kind"]
     t = samples["time_ns"].to_numpy()
     lo, hi = t.min(), t.max()
-    near = ((waits["start_ns"] <= hi) & ((waits["end_ns"] < 0) | (waits["end_ns"] >= lo))).to_numpy()
-    waits = waits[near].astype({"rank": "int64"})
-    waits = waits.iloc[np.argsort(waits["start_ns"].to_numpy(), kind="stable")]
+    st, en = ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy()
+    near = np.flatnonzero((st <= hi) & ((en < 0) | (en >= lo)))
+    # the ops near the samples, ordered by start: one take per column (no copy before the sort)
+    rows = near[np.argsort(st[near], kind="stable")]
+    del near
+    waits = pd.DataFrame({c: (ops[c].array.take(rows) if isinstance(ops[c].dtype, pd.CategoricalDtype)
+                              else ops[c].to_numpy()[rows]) for c in cols_w}, index=ops.index[rows])
+    waits["rank"] = waits["rank"].astype("int64")
+    del rows
     smp = samples.iloc[np.argsort(t, kind="stable")]
     j = pd.merge_asof(smp, waits, left_on="time_ns", right_on="start_ns", by="rank", direction="backward")
     running = (j["start_ns"].notna() & ((j["end_ns"] < 0) | (j["end_ns"] >= j["time_ns"]))).to_numpy()
     j["peer"] = j["peer"].fillna(-1).astype("int64")
-    key = j.loc[running, ["op_name", "process_group", "kind", "peer"]].astype(
-        {"op_name": object, "process_group": object, "kind": object})
-    uniq = key.drop_duplicates()
-    labels = [f"{n} peer {pe}" if k == "p2p" else (f"{n} on {g}" if g else str(n))
-              for n, g, k, pe in uniq.itertuples(index=False)]
-    lab = pd.Series(labels, index=pd.MultiIndex.from_frame(uniq), dtype=object)
     out = np.full(len(j), "outside traced ops", dtype=object)
-    if len(key):
-        out[running] = lab.reindex(pd.MultiIndex.from_frame(key)).to_numpy()
+    coded = _labels_by_codes(j, running)
+    if coded is not None:
+        out[running] = coded
+    else:
+        key = j.loc[running, ["op_name", "process_group", "kind", "peer"]].astype(
+            {"op_name": object, "process_group": object, "kind": object})
+        uniq = key.drop_duplicates()
+        labels = [_label(n, g, k, pe) for n, g, k, pe in uniq.itertuples(index=False)]
+        lab = pd.Series(labels, index=pd.MultiIndex.from_frame(uniq), dtype=object)
+        if len(key):
+            out[running] = lab.reindex(pd.MultiIndex.from_frame(key)).to_numpy()
     j["waiting_on"] = out
     return j[cols].sort_values(["rank", "time_ns"], kind="stable").reset_index(drop=True)
+
+
+def _label(n, g, k, pe) -> str:
+    """What a sample waited on: "irecv peer 3", "all_reduce on dp0", "forward"."""
+    return f"{n} peer {pe}" if k == "p2p" else (f"{n} on {g}" if g else str(n))
+
+
+def _labels_by_codes(j: pd.DataFrame, running: np.ndarray) -> np.ndarray | None:
+    """The labels of the running samples, built once per distinct (op, group, kind, peer) from the
+    categorical codes: no Python object per sample. None (the caller builds them from values) when a
+    column is not categorical, a code is missing or the codes do not pack into one int64."""
+    cols = ("op_name", "process_group", "kind")
+    if not running.any() or not all(isinstance(j[c].dtype, pd.CategoricalDtype) for c in cols):
+        return None
+    codes = [j[c].cat.codes.to_numpy()[running].astype(np.int64) for c in cols]
+    peer = j["peer"].to_numpy()[running].astype(np.int64)
+    if any(bool((c < 0).any()) for c in codes):
+        return None
+    widths = [len(j[c].cat.categories) for c in cols] + [int(peer.max()) - int(peer.min()) + 1]
+    if float(np.prod([float(w) for w in widths])) >= 2.0**62:
+        return None
+    packed = np.zeros(len(peer), dtype=np.int64)
+    for v, w in zip(codes + [peer - int(peer.min())], widths):
+        packed *= w
+        packed += v
+    inv, uniq = pd.factorize(packed)
+    first = np.unique(inv, return_index=True)[1]          # each combination's first sample
+    cats = [j[c].cat.categories for c in cols]
+    labels = [_label(cats[0][codes[0][i]], cats[1][codes[1][i]], cats[2][codes[2][i]], int(peer[i]))
+              for i in first.tolist()]
+    return np.asarray(labels, dtype=object)[inv]
