@@ -28,8 +28,10 @@ from ..trace import Trace
 from .bubbles import BubbleResult, analyze_bubbles
 from .comm_stats import CommResult, analyze_comm
 from .divergence import DivergenceResult, analyze_divergence
+from .index import release_heap
 from .memory import MemoryResult, analyze_memory
 from .moe import MoEResult, analyze_moe
+from .pipeline_straggler import analyze_pipeline_stragglers
 from .stragglers import StragglerResult, analyze_stragglers
 from .utilization import UtilResult, analyze_utilization
 
@@ -94,10 +96,12 @@ def analyze_performance(trace: Trace, only: tuple[str, ...] | None = None) -> Pe
             res.errors.append(traceback.format_exc(limit=3))
             return None
         finally:
-            res.timings[name] = time.perf_counter() - t0
+            release_heap(trace)          # the next analysis starts from the tables, not this one's copies
+            res.timings[name] = res.timings.get(name, 0.0) + time.perf_counter() - t0
 
     res.bubbles = run("bubbles", lambda: analyze_bubbles(trace)) or BubbleResult()
     res.stragglers = run("stragglers", lambda: analyze_stragglers(trace)) or StragglerResult()
+    _join_pipeline_stragglers(res.stragglers, run("stragglers", lambda: analyze_pipeline_stragglers(trace)))
     inst = res.stragglers.instances if len(res.stragglers.instances) else None
     res.comm = run("comm", lambda: analyze_comm(trace, instances=inst)) or CommResult()
     res.divergence = run("divergence", lambda: analyze_divergence(trace)) or DivergenceResult()
@@ -109,3 +113,13 @@ def analyze_performance(trace: Trace, only: tuple[str, ...] | None = None) -> Pe
         found.extend(part.findings)
     res.findings = sort_findings(found)
     return res
+
+
+def _join_pipeline_stragglers(res: StragglerResult, found: list[Finding] | None) -> None:
+    """A rank that holds up its pipeline from outside the schedule (pipeline_straggler.py) joins the peer
+    comparison's findings unless that already warns about it; its `info` there (within the peers' noise)
+    gives way to the pipeline's evidence."""
+    warned = {r for f in res.findings if f.severity in ("warning", "error") for r in f.ranks}
+    new = [f for f in (found or []) if not set(f.ranks) & warned]
+    named = {r for f in new for r in f.ranks}
+    res.findings = [f for f in res.findings if not (f.severity == "info" and set(f.ranks) & named)] + new
