@@ -46,3 +46,17 @@ def run_cli(*args: str, timeout: float = 90.0, cwd: str | os.PathLike[str] | Non
 @pytest.fixture
 def cli():
     return run_cli
+
+
+@pytest.fixture(scope="session")
+def zygote(tmp_path_factory):
+    """One warm process (torch and the analyzer imported once) that forks the suite's real jobs: the
+    drills, the healthy layouts, `ncclscope run` of the examples (test_drills_e2e.Zygote). Started on
+    first use, closed at the end of the session; each job runs in its own session, killed whole on
+    timeout."""
+    from test_drills_e2e import make_zygote
+    z = make_zygote(tmp_path_factory)
+    try:
+        yield z
+    finally:
+        z.close()

@@ -76,6 +76,13 @@ def _zygote_job(req: dict[str, Any]) -> None:
             os.dup2(os.open(work / err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 2)
 
         from ncclscope.cli import main
+        if "cli" in req:                     # one command as given (`Zygote.cli`)
+            redirect("cli.out", "cli.err")
+            rc = main(req["cli"])
+            sys.stdout.flush()
+            (work / "result.json").write_text(json.dumps({"rc": rc}))
+            code = 0
+            return
         redirect("train.out", "train.err")
         t0 = time.monotonic()
         rc_train = main(["train", *req["argv"], "--out", run])
@@ -213,6 +220,33 @@ class Zygote:
                    run=json.loads(_read(work / "run" / "run.json") or "{}"),
                    result=json.loads(_read(work / "result.json") or "{}"))
 
+    def cli(self, name: str, argv: list[str], timeout: float = JOB_TIMEOUT_S) -> subprocess.CompletedProcess:
+        """`ncclscope ARGV` in a fresh fork of the warm process (torch already imported), with its own
+        session, killed whole past `timeout`; its exit code, stdout and stderr as a CompletedProcess."""
+        work = self.base / name
+        work.mkdir(parents=True, exist_ok=False)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps({"cli": argv, "work": str(work)}) + "\n")
+        self.proc.stdin.flush()
+        pid = self._expect("pid", 30.0)["pid"]
+        try:
+            self._expect("status", timeout)
+        except TimeoutError:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._expect("status", 30.0)
+            pytest.fail(f"{name}: ncclscope {' '.join(argv)} did not end by itself in {timeout} s\n"
+                        + _read(work / "cli.err")[-3000:])
+        finally:
+            try:   # reap anything the job's session left behind
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        rc = json.loads(_read(work / "result.json") or '{"rc": 99}')["rc"]
+        return subprocess.CompletedProcess(["ncclscope", *argv], rc, _read(work / "cli.out"), _read(work / "cli.err"))
+
     def close(self) -> None:
         try:
             if self.proc.stdin:
@@ -231,17 +265,16 @@ def _read(path: Path) -> str:
         return ""
 
 
-@pytest.fixture(scope="module")
-def zygote(tmp_path_factory: pytest.TempPathFactory):
-    keep = os.environ.get("NCCLSCOPE_DRILLS_DIR")   # keep the run directories for a look afterwards
+def make_zygote(tmp_path_factory: pytest.TempPathFactory) -> Zygote:
+    """The warm process, its jobs under NCCLSCOPE_DRILLS_DIR when set (to look at them afterwards).
+    conftest's session fixture `zygote` is the one every spawned-job module shares."""
+    keep = os.environ.get("NCCLSCOPE_DRILLS_DIR")
     if keep:
         base = Path(keep) / time.strftime("drills-%Y%m%d-%H%M%S")
         base.mkdir(parents=True)
     else:
         base = tmp_path_factory.mktemp("drills")
-    z = Zygote(base)
-    yield z
-    z.close()
+    return Zygote(base)
 
 
 # ---------------------------------------------------------------------------

@@ -54,7 +54,7 @@ def _metrics_table(world: int, t0_ns: int) -> pa.Table:
     for r in range(world):
         for step in range(2):
             vals = dict(rank=r, step=step, time_ns=t0_ns + (step + 1) * NS, step_time_s=1.0, loss=2.0 - step,
-                        grad_norm_local=1.0, grad_norm_global=1.5, param_checksum=3.0, memory_bytes=2**30,
+                        grad_norm_local=1.0, grad_norm_global=1.5, grad_norm_reduced=1.0, param_checksum=3.0, memory_bytes=2**30,
                         tokens=1024, expert_load=[1, 2], dropped_tokens=0, extra="{}")
             for k, v in vals.items():
                 rows[k].append(v)

@@ -132,7 +132,7 @@ def test_pipeline_trace_is_tagged_with_the_schedule(tmp_path: Path) -> None:
 
 
 def test_metrics_carry_expert_load_and_nan_loss_off_the_last_stage(tmp_path: Path) -> None:
-    cfg, _, run_dir = run_layout(tmp_path, pp=2, dp=2, ep=2, microbatches=2, capacity_factor=1.0)
+    cfg, _, run_dir = run_layout(tmp_path, pp=2, dp=2, ep=2, microbatches=2, capacity_factor=1.0, n_layer=2)
     m = load(run_dir).metrics
     assert len(m) == cfg.world_size * STEPS
     first, last = m[m["rank"] < 2], m[m["rank"] >= 2]              # tp=cp=1, dp=2: stage 0 is ranks 0-1

@@ -255,20 +255,14 @@ LAYOUTS = {
 
 
 @pytest.fixture(scope="module")
-def healthy_runs(tmp_path_factory) -> dict[str, Path]:
-    """Each layout run as `ncclscope train` through the warmed zygote of test_drills_e2e (torch is imported
+def healthy_runs(zygote) -> dict[str, Path]:
+    """Each layout run as `ncclscope train` through the suite's warm zygote (conftest: torch is imported
     once for all of them, not once per job: ~3 s per layout on 2 cores)."""
-    from test_drills_e2e import Zygote
-
-    z = Zygote(tmp_path_factory.mktemp("healthy"))
     out = {}
-    try:
-        for name, layout in LAYOUTS.items():
-            job = z.run(name, [*layout, "--steps", "3"], timeout=150)
-            assert (job.run_dir / S.RUN_JSON).exists(), f"{name}: {job.train_err[-2000:]}"
-            out[name] = job.run_dir
-    finally:
-        z.close()
+    for name, layout in LAYOUTS.items():
+        job = zygote.run(f"precision-{name}", [*layout, "--steps", "3"], timeout=150)
+        assert (job.run_dir / S.RUN_JSON).exists(), f"{name}: {job.train_err[-2000:]}"
+        out[name] = job.run_dir
     return out
 
 
