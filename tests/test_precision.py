@@ -341,3 +341,32 @@ def test_replica_sets_of_one_still_compare_the_global_norm() -> None:
     # equal everywhere: nothing
     same = [{**r, "grad_norm_global": 2.0 + r["step"]} for r in rows]
     assert [f for f in analyze_divergence(metrics_trace(same, coords)).findings if f.kind == "grad_divergence"] == []
+
+
+def test_a_rank_causing_most_of_the_waiting_is_tested_though_last_at_few_of_its_collectives() -> None:
+    """ZeRO-2 shape: three collectives a step, only the first after the compute. Rank 1 computes 3x as
+    long and is last there (and causes nearly all the waiting), the other two are a toss-up: last at about
+    a third of its collectives, below the 50% share, it must still reach the tests and be found."""
+    from trace_builder import TraceBuilder
+    b = TraceBuilder(4, groups={"dp0": [0, 1, 2, 3]})
+    for r in range(4):
+        b.coords(r, dp=r)
+    rng = np.random.default_rng(3)
+    t, k = 0.0, 0
+    for step in range(8):
+        comp = {r: 0.01 * (3.0 if r == 1 else 1.0) * (1 + 0.05 * rng.random()) for r in range(4)}
+        for r in range(4):
+            b.compute(r, "forward", start=t, end=t + comp[r], step=step)
+        arrive = t + max(comp.values())
+        for j in range(3):
+            k += 1
+            late = int(rng.integers(4)) if j else 1
+            for r in range(4):
+                start = (t + comp[r]) if j == 0 else arrive + (0.001 if r == late else 0.0)
+                b.collective(r, "dp0", k, op=("reduce_scatter_tensor", "all_reduce", "all_gather_into_tensor")[j],
+                             start=start, end=arrive + 0.0015, step=step)
+            arrive += 0.002
+        t = arrive + 0.001
+    res = analyze_stragglers(b.build())
+    (f,) = warnings_of(res.findings)
+    assert f.ranks == [1] and f.data["last_frac"] < 0.5, f.title

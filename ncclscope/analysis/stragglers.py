@@ -60,7 +60,10 @@ changes the exit code must stand out of the run's own noise on all of:
   other positions' ranks can);
 - what-if saving: at least MIN_SAVING_FRAC (5%) of run time and 1 ms per step.
 
-A rank that passes the saving and last-arrival-share floors but not the
+A candidate for the tests passes the saving floor and was last at half its
+collectives or caused MIN_CAUSED_SHARE (half) of all the waiting (with
+several collectives a step, ZeRO-2's, only the one after the compute shows a
+slow rank last). A candidate that passes the floors but not the
 tests is reported at `info` severity with its numbers (it does not change
 the exit code); `ranks` holds p_last, steps_led, effect_ratio, noise, z. The tests
 themselves are `straggler_stats.py`.
@@ -83,6 +86,7 @@ from .straggler_stats import (  # noqa: F401 - the tests' and callers' names
 MS = 1e6
 MIN_SAVING_FRAC = 0.05   # what-if saving floor, fraction of run time
 MIN_SAVING_STEP_NS = 1e6 # and per step
+MIN_CAUSED_SHARE = 0.5   # or this share of all the waiting ranks caused, for a candidate (then the tests decide)
 
 
 @dataclass
@@ -219,7 +223,13 @@ def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, m
     n_steps = max(1, len(step_time))
     counted = _counted_steps(rs["step"].dropna().unique())
     led = _last_by_step(coll, inst) if len(coll) and len(done) else pd.DataFrame()
-    cand = res.ranks[(res.ranks["saving_frac"] >= min_saving_frac) & (res.ranks["last_frac"] >= min_last_frac)
+    # A candidate was last at most of its collectives, or caused most of the run's waiting: arrival counts
+    # weigh every collective alike, and where a step has several (ZeRO-2: reduce-scatter after the compute,
+    # then a norm all-reduce and the parameter all-gather) only the one after the compute shows the slow rank.
+    caused = res.ranks["caused_ns"]
+    share = caused / float(caused.sum()) if float(caused.sum()) > 0 else caused * 0.0
+    cand = res.ranks[(res.ranks["saving_frac"] >= min_saving_frac)
+                     & ((res.ranks["last_frac"] >= min_last_frac) | (share >= MIN_CAUSED_SHARE))
                      & (res.ranks["saving_ns"] >= MIN_SAVING_STEP_NS * n_steps)].head(8)
     stats = {int(row["rank"]): _significance(trace, int(row["rank"]), led, cstep, counted) for _, row in cand.iterrows()}
     for col in ("p_last", "steps_led", "steps_seen", "effect_ratio", "noise", "z"):
