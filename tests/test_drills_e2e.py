@@ -191,22 +191,8 @@ class Zygote:
 
     def run(self, name: str, argv: list[str], timeout: float = JOB_TIMEOUT_S) -> Job:
         work = self.base / name
-        work.mkdir(parents=True, exist_ok=False)
-        assert self.proc.stdin is not None
         t0 = time.monotonic()
-        self.proc.stdin.write(json.dumps({"argv": argv, "work": str(work)}) + "\n")
-        self.proc.stdin.flush()
-        pid = self._expect("pid", 30.0)["pid"]
-        try:
-            self._expect("status", timeout)
-        except TimeoutError:
-            try:
-                os.killpg(pid, signal.SIGKILL)      # the job's session: launcher and ranks
-            except ProcessLookupError:
-                pass
-            self._expect("status", 30.0)
-            pytest.fail(f"{name}: ncclscope train {' '.join(argv)} did not end by itself in {timeout} s\n"
-                        + _read(work / "train.err")[-3000:])
+        self._job({"argv": argv}, work, timeout, f"ncclscope train {' '.join(argv)}", "train.err", reap=False)
         seconds = time.monotonic() - t0
         report_text = _read(work / "analyze.json")
         report = json.loads(report_text) if report_text.strip() else {}
@@ -224,9 +210,17 @@ class Zygote:
         """`ncclscope ARGV` in a fresh fork of the warm process (torch already imported), with its own
         session, killed whole past `timeout`; its exit code, stdout and stderr as a CompletedProcess."""
         work = self.base / name
+        self._job({"cli": argv}, work, timeout, f"ncclscope {' '.join(argv)}", "cli.err", reap=True)
+        rc = json.loads(_read(work / "result.json") or '{"rc": 99}')["rc"]
+        return subprocess.CompletedProcess(["ncclscope", *argv], rc, _read(work / "cli.out"), _read(work / "cli.err"))
+
+    def _job(self, req: dict[str, Any], work: Path, timeout: float, what: str, err: str, reap: bool) -> None:
+        """Send one job, wait for it; past `timeout` kill its session (launcher and ranks) and fail the test.
+        `reap`: also kill whatever its session left behind once it ended (the drills leave that to
+        `_assert_no_orphans`, which must see it)."""
         work.mkdir(parents=True, exist_ok=False)
         assert self.proc.stdin is not None
-        self.proc.stdin.write(json.dumps({"cli": argv, "work": str(work)}) + "\n")
+        self.proc.stdin.write(json.dumps({**req, "work": str(work)}) + "\n")
         self.proc.stdin.flush()
         pid = self._expect("pid", 30.0)["pid"]
         try:
@@ -237,15 +231,13 @@ class Zygote:
             except ProcessLookupError:
                 pass
             self._expect("status", 30.0)
-            pytest.fail(f"{name}: ncclscope {' '.join(argv)} did not end by itself in {timeout} s\n"
-                        + _read(work / "cli.err")[-3000:])
+            pytest.fail(f"{work.name}: {what} did not end by itself in {timeout} s\n" + _read(work / err)[-3000:])
         finally:
-            try:   # reap anything the job's session left behind
-                os.killpg(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        rc = json.loads(_read(work / "result.json") or '{"rc": 99}')["rc"]
-        return subprocess.CompletedProcess(["ncclscope", *argv], rc, _read(work / "cli.out"), _read(work / "cli.err"))
+            if reap:
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
 
     def close(self) -> None:
         try:

@@ -286,8 +286,11 @@ def find_history_deviations(coll: pd.DataFrame, inst: pd.DataFrame, dev: pd.Data
         if not len(xs) or not len(p):
             continue
         base = xs[["process_group", "seq", "rank", "call_site", "ord", "step", "kind", "value"]]
-        hist = base.merge(p.loc[p["status"] == S.STATUS_OK, ["rank", "process_group", "call_site", "ord", "step",
-                                                             "ref"]].rename(columns={"step": "ref_step"}),
+        # what a call passed is in its begin row, however the op ended: for sizes and dtypes every other
+        # step's call counts (a rank aborted early has few completed ones); which op it was, only completed
+        known = p if cat != "type" else p.loc[p["status"] == S.STATUS_OK]
+        hist = base.merge(known[["rank", "process_group", "call_site", "ord", "step",
+                                 "ref"]].rename(columns={"step": "ref_step"}),
                           on=["rank", "process_group", "call_site", "ord"])
         hist = hist[hist["ref_step"] != hist["step"]].assign(src="history", ref_group="")
         refs = [hist]
