@@ -72,18 +72,30 @@ def find_late_arrivals(ix: TraceIndex) -> list[Finding]:
         late = late[np.array([_idle_at(ix, int(r.rank), int(r.start_ns), gave_up)
                               for r in late.itertuples(index=False)], dtype=bool)]
         absent = sorted(members - {int(r) for r in rows["rank"]})
-        never = [r for r in absent if _stalled_then_stopped(ix, states, r, gave_up)]
+        never = [r for r in absent if _stalled_then_stopped(ix, states, r, gave_up, int(w.start_ns))]
         if len(never) != len(absent) or (not len(late) and not never):
             continue          # a member that went elsewhere or died first: a skip or a death, other rules
         findings.append(_finding(ix, key, w, late, rows, gave_up, never))
     return findings
 
 
-def _stalled_then_stopped(ix: TraceIndex, states: pd.DataFrame, rank: int, gave_up_ns: int) -> bool:
+def _stalled_then_stopped(ix: TraceIndex, states: pd.DataFrame, rank: int, gave_up_ns: int,
+                          waited_from_ns: int = -1) -> bool:
     """A member that never began the instance, yet was alive and in no op when the waiter gave up, and
-    issued nothing afterwards (the launcher stopped it): it was stalled outside collectives."""
+    issued nothing afterwards (the launcher stopped it): it was stalled outside collectives.
+
+    Not a member that spent most of the wait blocked in another collective or p2p that then failed
+    (it went elsewhere: a skip, other rules), even if its own timeout ended that op a moment before
+    the waiter's did."""
     if rank not in states.index:
         return False
+    if waited_from_ns >= 0 and gave_up_ns > waited_from_ns:
+        ops = ix.trace.ops
+        comm = ops[(ops["rank"] == rank) & (ops["kind"] != "compute") & (ops["start_ns"] < gave_up_ns)
+                   & ops["status"].isin(["timeout", "error"])]
+        blocked = (np.minimum(comm["end_ns"], gave_up_ns) - np.maximum(comm["start_ns"], waited_from_ns)).clip(lower=0)
+        if len(comm) and float(blocked.max()) >= 0.5 * (gave_up_ns - waited_from_ns):
+            return False
     st = states.loc[rank]
     last = max(_int(st.get("last_event_ns")), _int(st.get("last_hb_ns")))
     if last <= gave_up_ns:
