@@ -83,3 +83,18 @@ def test_silent_when_the_absent_member_went_on_to_other_ops() -> None:
 
 def test_silent_without_a_timeout() -> None:
     assert find_late_arrivals(index_of(_job(timed_out=False).build())) == []
+
+
+def test_a_member_blocked_in_another_collective_that_timed_out_just_before_is_not_stalled() -> None:
+    """The skipper went on to a world barrier that began just before the waiter's dp all_reduce, so its own
+    timeout ended the barrier a moment before the waiter gave up: it spent the wait blocked there, not idle."""
+    b = TraceBuilder(2, groups={"world": [0, 1], "dp0": [0, 1]})
+    b.heartbeats(1, 0.0, 5.0)
+    for r in (0, 1):
+        b.collective(r, "dp0", 1, start=0.5, end=0.6, call_site="train.py:45")
+    b.collective(1, "world", 1, op="barrier", start=0.95, end=3.95, status="timeout", call_site="train.py:50",
+                 timeout_ms=3000)
+    b.collective(0, "dp0", 2, start=1.0, end=4.0, status="timeout", call_site="train.py:45", timeout_ms=3000)
+    b.rank_state(0, exitcode=3, end_status="error", end_message=TIMEOUT)
+    b.rank_state(1, exitcode=3, end_status="error", end_message=TIMEOUT)
+    assert find_late_arrivals(index_of(b.build())) == []
