@@ -43,6 +43,24 @@ def run_cli(*args: str, timeout: float = 90.0, cwd: str | os.PathLike[str] | Non
     return CliResult(proc.returncode, out, err)
 
 
+def cli_in_process(args: list[str], cwd: str | os.PathLike[str] | None = None) -> CliResult:
+    """`ncclscope ARGS` through the CLI's `main` in this process (for commands that never import torch:
+    an interpreter start costs ~1 s each), in `cwd` if given, stdout and stderr captured."""
+    import contextlib
+    import io
+
+    from ncclscope.cli import main
+    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = main(args)
+    finally:
+        os.chdir(here)
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
 @pytest.fixture
 def cli():
     return run_cli

@@ -43,7 +43,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, CliResult, cli_env, run_cli
+from conftest import ROOT, cli_env, cli_in_process, run_cli
 
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), ROOT / "sample_traces" / "README.md"]
 ENV_ASSIGN = re.compile(r"^[A-Z_][A-Z0-9_]*=\S*$")
@@ -153,22 +153,6 @@ def _moved(arg: str, ws: Path) -> str:
 IN_PROCESS = {"analyze", "report", "export"}
 
 
-def _in_process(args: list[str], ws: Path) -> CliResult:
-    import contextlib
-    import io
-    import os
-
-    from ncclscope.cli import main
-    out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
-    try:
-        os.chdir(ws)
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code = main(args)
-    finally:
-        os.chdir(here)
-    return CliResult(code, out.getvalue(), err.getvalue())
-
-
 def run_ncclscope(argv: list[str], ws: Path, where: str, quoted: str = "") -> None:
     from ncclscope.cli import build_parser
     args = [_moved(a, ws) for a in argv[1:]]
@@ -189,7 +173,7 @@ def run_ncclscope(argv: list[str], ws: Path, where: str, quoted: str = "") -> No
         return   # parsed above; the reduced tour runs in tests/test_demo.py
     if ns.command == "run":
         return   # parsed above; tests/test_run_examples.py runs the examples under `ncclscope run`
-    res = _in_process(args, ws) if ns.command in IN_PROCESS else run_cli(*args, timeout=150, cwd=ws)
+    res = cli_in_process(args, ws) if ns.command in IN_PROCESS else run_cli(*args, timeout=150, cwd=ws)
     assert res.returncode in (0, 1), (f"{where}: `{shlex.join(argv)}` exited {res.returncode}\n"
                                       f"stdout:\n{res.stdout[-2000:]}\nstderr:\n{res.stderr[-3000:]}")
     assert "Traceback" not in res.stderr, f"{where}: `{shlex.join(argv)}`:\n{res.stderr[-3000:]}"

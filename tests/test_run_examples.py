@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, cli_env
+from conftest import ROOT, cli_env, cli_in_process
 
 pytestmark = [pytest.mark.spawn, pytest.mark.e2e]
 
@@ -65,15 +65,17 @@ def ncclscope_run(out: Path, nproc: int, script: str, *args: str, timeout_s: flo
 
 def analyze(run_dir: Path) -> tuple[int, dict]:
     """`ncclscope analyze RUN --json` through the CLI's `main`, here (the analyzer never imports torch)."""
-    import contextlib
-    import io
+    res = cli_in_process(["analyze", str(run_dir), "--json"])
+    assert res.stdout.strip(), res.stderr[-3000:]
+    return res.returncode, json.loads(res.stdout)
 
-    from ncclscope.cli import main
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["analyze", str(run_dir), "--json"])
-    assert out.getvalue().strip(), err.getvalue()[-3000:]
-    return code, json.loads(out.getvalue())
+
+def analyze_failed(run_dir: Path, proc: subprocess.CompletedProcess) -> dict:
+    """The report of a job that failed: `ncclscope run` exited non-zero and `analyze` found problems (exit 1)."""
+    assert proc.returncode != 0
+    code, rep = analyze(run_dir)
+    assert code == 1
+    return rep
 
 
 def line_of(path: str, marker: str) -> int:
@@ -144,9 +146,7 @@ def test_ddp_healthy_traced_directly_and_through_flight_recorder(ddp_healthy):
 def test_ddp_extra_all_reduce_on_one_rank_is_diagnosed(tmp_path):
     out = tmp_path / "ddp-bug"
     proc = ncclscope_run(out, 3, "examples/ddp.py", "--steps", "4", "--bug", "extra-allreduce", "--timeout", "5")
-    assert proc.returncode != 0
-    code, rep = analyze(out)
-    assert code == 1
+    rep = analyze_failed(out, proc)
     f = headline(rep)
     assert f["kind"] == "collective_mismatch" and f["ranks"] == [0], rep["verdict"]
     bug_line = line_of("examples/ddp.py", "BUG: only rank 0")
@@ -160,9 +160,7 @@ def test_ddp_rank_sleeping_past_the_timeout_is_the_root_with_its_line(tmp_path):
     out = tmp_path / "ddp-sleep-past"
     proc = ncclscope_run(out, 2, "examples/ddp.py", "--steps", "3", "--bug", "sleep", "--sleep", "5",
                          "--timeout", "2", timeout_s=1.0)
-    assert proc.returncode != 0
-    code, rep = analyze(out)
-    assert code == 1
+    rep = analyze_failed(out, proc)
     f = headline(rep)
     assert f["kind"] == "stuck_in_compute" and f["ranks"] == [1], rep["verdict"]
     assert f"examples/ddp.py:{line_of('examples/ddp.py', 'time.sleep(args.sleep)')}" in f["title"]
@@ -241,9 +239,7 @@ def test_fsdp2_healthy_its_all_gathers_and_reduce_scatters_are_traced(tmp_path):
 def test_fsdp2_uneven_data_is_diagnosed(tmp_path):
     out = tmp_path / "fsdp2-bug"
     proc = ncclscope_run(out, 3, "examples/fsdp2.py", "--steps", "3", "--bug", "uneven-data", "--timeout", "3")
-    assert proc.returncode != 0
-    code, rep = analyze(out)
-    assert code == 1
+    rep = analyze_failed(out, proc)
     f = headline(rep)
     # rank 1 ran out of batches and went to the end-of-run all_reduce where its peers all-gather for FSDP2
     assert f["kind"] == "collective_mismatch" and f["ranks"] == [1], rep["verdict"]
@@ -267,9 +263,7 @@ def test_dtensor_2d_mesh_healthy_groups_recorded_on_every_rank(tmp_path):
 def test_dtensor_wrong_group_is_diagnosed_with_the_call_site(tmp_path):
     out = tmp_path / "dtensor-bug"
     proc = ncclscope_run(out, 4, "examples/dtensor_tp.py", "--steps", "2", "--bug", "wrong-group", "--timeout", "3")
-    assert proc.returncode != 0
-    code, rep = analyze(out)
-    assert code == 1
+    rep = analyze_failed(out, proc)
     line = line_of("examples/dtensor_tp.py", "dist.all_reduce(g, group=group)")
     wrong = [f for f in rep["findings"] if f["kind"] == "wrong_group"]
     assert wrong and wrong[0]["ranks"] == [3], rep["verdict"]
@@ -296,9 +290,7 @@ def test_pipeline_skipped_batch_is_diagnosed(tmp_path):
     out = tmp_path / "pp-bug"
     proc = ncclscope_run(out, 2, "examples/pipeline_1f1b.py", "--steps", "2", "--bug", "skip-last-batch",
                          "--timeout", "3")
-    assert proc.returncode != 0
-    code, rep = analyze(out)
-    assert code == 1
+    rep = analyze_failed(out, proc)
     unmatched = [f for f in rep["findings"] if f["kind"] == "unmatched_p2p"]
     assert unmatched and unmatched[0]["ranks"] == [1], rep["verdict"]
     # the headline names the stage that skipped, where it should have received and where it went instead;

@@ -118,12 +118,9 @@ def _by_desc(ix: TraceIndex, use: pd.DataFrame) -> list[Finding]:
             crossed.append({"name": str(row.name), "mine": str(row.process_group), "my_desc": str(row.desc),
                             "theirs": str(theirs["process_group"].iloc[0]), "their_desc": str(row.their_desc),
                             "their_ranks": sorted(int(x) for x in theirs["rank"])})
-        shown = "; ".join(f"its group {c['name']} is {c['my_desc']}, that of {rank_label(ix.trace, c['their_ranks'])} "
-                          f"{c['their_desc']}" for c in crossed[:MAX_SHOWN])
-        more = f"; and {len(crossed) - MAX_SHOWN} more" if len(crossed) > MAX_SHOWN else ""
-        title = (f"{rank_label(ix.trace, [r])} created its process groups in a different order than the other "
-                 f"ranks: the same group names describe other groups on it ({shown}{more}), so its "
-                 f"collectives on them pair the wrong processes")
+        shown = [f"its group {c['name']} is {c['my_desc']}, that of {rank_label(ix.trace, c['their_ranks'])} "
+                 f"{c['their_desc']}" for c in crossed]
+        title = _title(ix, r, "the same group names describe other groups on it", shown)
         out.append(_finding(ix, use, r, crossed, title, "desc"))
     return out
 
@@ -178,18 +175,23 @@ def _by_call_site(ix: TraceIndex, use: pd.DataFrame) -> list[Finding]:
             crossed.append({"name": str(row.process_group), "mine": str(row.process_group),
                             "my_sites": sorted(row.sites), "their_site": str(row.best_site),
                             "their_ranks": sorted(int(x) for x in others["rank"].unique())})
-        shown = "; ".join(f"its calls from {', '.join(cr['my_sites'])} go to {ix.label(cr['name'])}, which "
-                          f"{rank_label(ix.trace, cr['their_ranks'])} call{'s' if len(cr['their_ranks']) == 1 else ''}"
-                          f" from {cr['their_site']}" for cr in crossed[:MAX_SHOWN])
-        more = f"; and {len(crossed) - MAX_SHOWN} more" if len(crossed) > MAX_SHOWN else ""
-        title = (f"{rank_label(ix.trace, [r])} created its process groups in a different order than the other "
-                 f"ranks: its calls from each call site land on a group the others call from another site ({shown}{more}), "
-                 f"so its collectives on them pair the wrong processes")
+        shown = [f"its calls from {', '.join(cr['my_sites'])} go to {ix.label(cr['name'])}, which "
+                 f"{rank_label(ix.trace, cr['their_ranks'])} call{'s' if len(cr['their_ranks']) == 1 else ''}"
+                 f" from {cr['their_site']}" for cr in crossed]
+        title = _title(ix, r, "its calls from each call site land on a group the others call from another site",
+                       shown)
         out.append(_finding(ix, use, r, crossed, title, "call_site"))
     return out
 
 
 # --------------------------------------------------------------------------
+def _title(ix: TraceIndex, r: int, how: str, shown: list[str]) -> str:
+    """The headline both bases share: who, how the names crossed, the first MAX_SHOWN crossings."""
+    more = f"; and {len(shown) - MAX_SHOWN} more" if len(shown) > MAX_SHOWN else ""
+    return (f"{rank_label(ix.trace, [r])} created its process groups in a different order than the other ranks: "
+            f"{how} ({'; '.join(shown[:MAX_SHOWN])}{more}), so its collectives on them pair the wrong processes")
+
+
 def _finding(ix: TraceIndex, use: pd.DataFrame, r: int, crossed: list[dict], title: str, basis: str) -> Finding:
     ev: list[Evidence] = []
     for c in crossed[:12]:
