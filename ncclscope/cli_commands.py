@@ -1,6 +1,8 @@
-"""What each `ncclscope` subcommand does once its arguments are parsed:
+"""What each analyzer subcommand does once its arguments are parsed:
 `cmd_<name>(ns) -> exit code`. Parsing is `cli_parser.py`; output is
-`cli_output.py`; turning exceptions into exit codes is `cli.main`.
+`cli_output.py`; turning exceptions into exit codes is `cli.main`. The
+job-running commands (`train`, `run`, `demo`) live with the runtime
+(`ncclscope.runtime.commands`), which registers them into the parser.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import os
 import sys
 from typing import Any
 
-from .cli_io import (EXIT_OK, EXIT_PROBLEMS, EXIT_UNREADABLE, UsageError, _first_line, _load, _progress,
+from .cli_io import (EXIT_OK, EXIT_UNREADABLE, UsageError, _first_line, _load, _progress,
                      _writable_dir, _writable_file)
 from .cli_output import _clean, _json_report, _plural, _print_report, _print_warnings
 
@@ -35,49 +37,6 @@ def cmd_analyze(ns: argparse.Namespace) -> int:
     return analysis.exit_code
 
 
-def cmd_train(ns: argparse.Namespace) -> int:
-    from .runtime import config as C
-    try:
-        cfg = C.from_args(ns)
-        from .runtime.faults import parse_spec
-        for spec in cfg.inject:
-            parse_spec(spec)
-    except ValueError as exc:   # ConfigError, FaultSpecError
-        print(f"ncclscope: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
-    if getattr(ns, "out", ""):
-        _train_out_ok(ns.out)
-    from .runtime.launch import RunDirError, launch
-    try:
-        run_dir, run = launch(cfg, dump_grads=ns.dump_grads)
-    except RunDirError as exc:
-        print(f"ncclscope: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
-    print(f"ncclscope train: {run['end_reason']} in {run['duration_s']:.1f} s; run directory {run_dir}",
-          file=sys.stderr)
-    if not cfg.trace:
-        codes = [v["exitcode"] for v in run["ranks"].values()]
-        return EXIT_OK if run["end_reason"] == "completed" and all(c == 0 for c in codes) else EXIT_PROBLEMS
-    from .trace import load
-    trace = load(run_dir)           # even an empty run is analyzed: run.json's exit codes tell who died
-    _print_warnings(trace)
-    analysis = run_analyses(trace)
-    _print_report(trace, analysis)
-    problems = analysis.exit_code != EXIT_OK or run["end_reason"] != "completed"
-    return EXIT_PROBLEMS if problems else EXIT_OK
-
-
-def _train_out_ok(out: str) -> None:
-    """Check `train --out` before any process starts: a file as a parent, a
-    directory that cannot be created (/proc/nope) is one line, exit 2."""
-    _writable_dir(out, "--out")
-    if not os.path.lexists(out):
-        try:
-            os.makedirs(out)        # launch accepts the empty directory and writes the run into it
-        except OSError as exc:
-            raise UsageError(f"--out {out}: cannot create the run directory ({_first_line(exc)})") from None
-
-
 def cmd_report(ns: argparse.Namespace) -> int:
     from .report.html import write_report
     out = _writable_file(ns.output or "report.html", "-o")   # checked before minutes of analysis
@@ -98,11 +57,6 @@ def cmd_report(ns: argparse.Namespace) -> int:
     if stats.get("over_budget"):
         print("ncclscope report: the file is over its size budget; large sections were sampled", file=sys.stderr)
     return analysis.exit_code
-
-
-def cmd_demo(ns: argparse.Namespace) -> int:
-    from .demo import run_demo
-    return run_demo(ns.out, quick=ns.quick)
 
 
 def cmd_export(ns: argparse.Namespace) -> int:
@@ -152,37 +106,3 @@ def cmd_tui(ns: argparse.Namespace) -> int:
     from .tui import run_tui
     return int(run_tui(ns.run, follow=ns.follow, poll_s=ns.poll_s) or 0)
 
-
-
-def cmd_run(ns: argparse.Namespace) -> int:
-    """`ncclscope run`: start the ranks, write run.json, print the verdict (stderr); return the job's exit code."""
-    cmd = list(ns.script_argv or [])
-    if cmd and cmd[0] == "--":
-        cmd = cmd[1:]
-    if not cmd:
-        print("ncclscope run: give the script to run: ncclscope run [--nproc N] -- SCRIPT [ARGS...]", file=sys.stderr)
-        return EXIT_UNREADABLE
-    if not os.path.isfile(cmd[0]):
-        print(f"ncclscope run: {cmd[0]}: no such script", file=sys.stderr)
-        return EXIT_UNREADABLE
-    if ns.nproc < 1:
-        print("ncclscope run: --nproc must be at least 1", file=sys.stderr)
-        return EXIT_UNREADABLE
-    from .runtime.launch import RunDirError
-    from .runtime.usertrace.launcher import launch
-    try:
-        run_dir, run, code = launch(cmd[0], cmd[1:], nproc=ns.nproc, out=ns.out, timeout_s=ns.timeout_s)
-    except RunDirError as exc:
-        print(f"ncclscope: {exc}", file=sys.stderr)
-        return EXIT_UNREADABLE
-    print(f"ncclscope run: {run['end_reason']} in {run['duration_s']:.1f} s (exit code {code}); "
-          f"run directory {run_dir}", file=sys.stderr)
-    if not ns.no_analyze:
-        try:
-            from .trace import load
-            trace = load(run_dir)
-            _print_report(trace, run_analyses(trace), out=sys.stderr)
-        except Exception as exc:   # the job's exit code is what matters here
-            print(f"ncclscope run: analysis failed ({type(exc).__name__}: {exc}); "
-                  f"run `ncclscope analyze {run_dir}`", file=sys.stderr)
-    return code

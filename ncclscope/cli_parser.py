@@ -1,12 +1,21 @@
-"""The `ncclscope` argument parser: every subcommand, flag and help text, each
-bound to its `cmd_<name>` in `cli_commands.py`.
+"""The `ncclscope` argument parser: the analyzer's subcommands, flags and help
+text, each bound to its `cmd_<name>` in `cli_commands.py`, plus the commands
+other packages register through the `ncclscope.commands` entry point group
+(the runtime's `train`, `run` and `demo`: `ncclscope.runtime.commands`).
+
+The analyzer never imports the runtime; an entry point is a name in the
+installed metadata, loaded only to build the parser.
 """
 from __future__ import annotations
 
 import argparse
+import sys
+from importlib.metadata import entry_points
 
 from . import __version__
-from .cli_commands import cmd_analyze, cmd_demo, cmd_export, cmd_report, cmd_run, cmd_train, cmd_tui
+from .cli_commands import cmd_analyze, cmd_export, cmd_report, cmd_tui
+
+ENTRY_POINT_GROUP = "ncclscope.commands"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,12 +24,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true",
                    help="show the traceback of an internal error (exit 3); also NCCLSCOPE_DEBUG=1")
     sub = p.add_subparsers(dest="command", required=True)
-
-    t = sub.add_parser("train", help="run an instrumented multi-rank training job on this machine")
-    from .runtime.config import add_arguments   # torch-free
-    add_arguments(t)
-    t.add_argument("--dump-grads", default="", help=argparse.SUPPRESS)
-    t.set_defaults(func=cmd_train)
 
     a = sub.add_parser("analyze", help="diagnose a run directory: verdict, findings, per-rank summary")
     a.add_argument("run", help="run directory (holds run.json and rank-NNNNN/), or a directory of Flight "
@@ -45,19 +48,16 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--poll-s", type=float, default=1.0, help=argparse.SUPPRESS)
     u.set_defaults(func=cmd_tui)
 
-    d = sub.add_parser("demo", help="a short tour of real multi-rank jobs with injected faults")
-    d.add_argument("--out", default="", help="directory for the tour's runs and reports (default runs/demo-TIME)")
-    d.add_argument("--quick", action="store_true", help="a reduced tour (two jobs)")
-    d.set_defaults(func=cmd_demo)
-
-    n = sub.add_parser("run", help="trace your own torch.distributed script, unchanged: ncclscope run --nproc 2 -- "
-                       "train.py ARGS (under torchrun: torchrun ... -m ncclscope.run train.py ARGS)")
-    n.add_argument("--nproc", type=int, default=1, help="ranks to start on this node (default 1)")
-    n.add_argument("--timeout-s", type=float, default=60.0, help="an op in flight this long gets its evidence "
-                   "dumped (stacks, Flight Recorder, trace); the op continues, nothing is raised (default 60)")
-    n.add_argument("--out", default="", help="run directory (default runs/run-TIME)")
-    n.add_argument("--no-analyze", action="store_true", help="do not print the verdict after the job")
-    n.add_argument("script_argv", nargs=argparse.REMAINDER, metavar="-- SCRIPT [ARGS...]",
-                   help="the script and its arguments, passed to it unparsed")
-    n.set_defaults(func=cmd_run)
+    _register_plugins(sub)
     return p
+
+
+def _register_plugins(sub: argparse._SubParsersAction) -> None:
+    """Let each installed `ncclscope.commands` entry point add its subcommands. One that fails to load
+    (a broken install, a missing dependency) is one line on stderr; the analyzer's commands still work."""
+    for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
+        try:
+            ep.load()(sub)
+        except Exception as exc:  # noqa: BLE001 - a plugin must not take `analyze` down with it
+            print(f"ncclscope: the {ep.name!r} commands ({ep.value}) could not be loaded: "
+                  f"{type(exc).__name__}: {exc}", file=sys.stderr)

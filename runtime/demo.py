@@ -54,11 +54,11 @@ QUICK = ("pipeline-deadlock", "diverging-replica")
 def run_stop(stop: Stop, root: Path, out=None) -> tuple[str, Path]:
     """Run one stop: job, verdict, report. Returns (verdict, run directory)."""
     out = sys.stdout if out is None else out
-    from .analysis import run
-    from .report.html import write_report
-    from .runtime import config as C
-    from .runtime.launch import launch
-    from .trace import load
+    from ..analysis import run
+    from ..report.html import write_report
+    from ..trace import load
+    from . import config as C
+    from .launch import launch
 
     parser = argparse.ArgumentParser()
     C.add_arguments(parser)
