@@ -229,7 +229,7 @@ _STR_VALUES = st.one_of(st.sampled_from(["", "ok", "all_reduce", "dp0", "a\x00b"
 def test_batch_columns_convert_exactly_like_pa_array(data) -> None:
     """The flusher's fast conversions (numpy for numbers, one repeated value for
     a constant column) give the array pa.array gives, or fail where it fails."""
-    from ncclscope.runtime.recorder import _column_converter
+    from ncclscope.runtime.streams import _column_converter
     typ = data.draw(st.sampled_from([pa.int32(), pa.int64(), pa.string(), pa.float64()]))
     values = {pa.string(): _STR_VALUES,
               pa.float64(): st.one_of(st.floats(allow_nan=True), st.integers(-2**53, 2**53), st.none())}.get(
@@ -298,3 +298,34 @@ def test_a_batch_that_cannot_be_converted_is_dropped_not_kept(tmp_path: Path) ->
     rec.flush()
     rec.close()
     assert list(load(tmp_path).metrics["step"]) == [2]
+
+
+_ABORT_CHILD = """
+import ctypes, sys, threading, time
+from ncclscope.runtime.recorder import Recorder
+rec = Recorder(sys.argv[1], 0, 1, flush_interval_s=60)   # the flusher never writes on its own here
+time.sleep(0.3)
+rec.begin("collective", "all_reduce", group="tp0", seq=7, nbytes=2052, call_site="model.py:73")
+abort = ctypes.CDLL(None).abort
+if sys.argv[2] == "native-thread":   # like gloo: its own thread aborts while the op waits
+    threading.Thread(target=abort).start()
+    time.sleep(30)
+else:
+    abort()
+"""
+
+
+@pytest.mark.parametrize("where", ["native-thread", "main-thread"])
+def test_an_aborted_rank_keeps_its_queued_rows(tmp_path, where):
+    """SIGABRT (gloo's answer to a size mismatch) kills the process before the flusher's next batch: the
+    abort handler writes the queued begin row, faulthandler still dumps the stacks, and the process still
+    dies of SIGABRT."""
+    import subprocess
+    import sys
+    res = subprocess.run([sys.executable, "-c", _ABORT_CHILD, str(tmp_path), where], capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == -signal.SIGABRT, res.stderr
+    ev = load(tmp_path).events
+    assert list(ev["op_name"]) == ["all_reduce"] and int(ev["bytes"].iloc[0]) == 2052
+    assert str(ev["call_site"].iloc[0]) == "model.py:73"
+    assert "Fatal Python error: Aborted" in (tmp_path / S.rank_dir_name(0) / S.STACKS_FILE).read_text()
