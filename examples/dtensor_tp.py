@@ -10,6 +10,10 @@ only Flight Recorder sees); the gradients of the data-parallel replicas are
 averaged by hand with `dist.all_reduce(..., group=dp_group)`.
 --bug wrong-group: the last rank averages its gradients over the tp group
 instead of the dp group (a copy-paste slip).
+--bug foreign-group: the dp groups are built by hand, one `new_group` per tp
+coordinate on every rank, and the last rank indexes the list with the wrong
+coordinate: it passes a group it is not a member of, which torch turns into
+a no-op (with a warning), and its own replica's group waits for it.
 """
 import argparse
 import datetime
@@ -39,7 +43,7 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--backend", default="nccl" if torch.cuda.is_available() else "gloo")
     p.add_argument("--timeout", type=float, default=60.0, help="process group timeout, seconds")
-    p.add_argument("--bug", default="none", choices=["none", "wrong-group"])
+    p.add_argument("--bug", default="none", choices=["none", "wrong-group", "foreign-group"])
     args = p.parse_args()
 
     torch.set_num_threads(1)
@@ -48,6 +52,12 @@ def main():
     device_type = "cuda" if args.backend == "nccl" else "cpu"
     mesh = init_device_mesh(device_type, (args.dp, args.tp), mesh_dim_names=("dp", "tp"))
     dp_group, tp_group = mesh.get_group("dp"), mesh.get_group("tp")
+    if args.bug == "foreign-group":   # the same dp groups, by hand: every rank creates every one
+        timeout = datetime.timedelta(seconds=args.timeout)   # new_group's own default is 30 minutes
+        dp_groups = [dist.new_group([r for r in range(world) if r % args.tp == t], timeout=timeout)
+                     for t in range(args.tp)]
+        tp_rank = rank % args.tp
+        dp_group = dp_groups[(tp_rank + 1) % args.tp if rank == world - 1 else tp_rank]   # BUG on the last rank
     torch.manual_seed(0)
     model = parallelize_module(MLP().to(device_type), mesh["tp"],
                                {"up": ColwiseParallel(), "down": RowwiseParallel()})

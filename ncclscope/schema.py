@@ -46,6 +46,7 @@ STATUS_OK = "ok"
 STATUS_TIMEOUT = "timeout"
 STATUS_ERROR = "error"
 STATUS_SUSPECT = "suspect"  # instant row from the watchdog: op far over its own history
+STATUS_NOT_MEMBER = "not_member"  # instant row: a collective called on a group this rank is not in (a no-op)
 
 HEARTBEAT = "heartbeat"
 

@@ -219,10 +219,10 @@ class Recorder:
         of3 = self._history3.setdefault(key[:3], [-1])
         return self._history.setdefault(key, [-1, of3])
 
-    def instant(self, kind: str, op_name: str, message: str = "", status: str = "") -> None:
-        """A marker row (heartbeat, step boundary, fault injected, ...)."""
+    def instant(self, kind: str, op_name: str, message: str = "", status: str = "", call_site: str = "") -> None:
+        """A marker row (heartbeat, a call on a group this rank is not in, ...)."""
         self._append((self.rank, -1, _INSTANT, _time_ns(), kind, op_name, "", -1, -1, -1, -1, -1, "", "", "",
-                      self.context.step, -1, -1, -1, status, -1, "", message))
+                      self.context.step, -1, -1, -1, status, -1, call_site, message))
 
     class _Span:
         __slots__ = ("rec", "op_id")

@@ -274,6 +274,20 @@ def test_dtensor_wrong_group_is_diagnosed_with_the_call_site(tmp_path):
     assert rep["verdict"].startswith("WRONG GROUP: rank 3") and f"examples/dtensor_tp.py:{line}" in rep["verdict"]
 
 
+def test_dtensor_foreign_group_is_a_wrong_group_at_the_call_site(tmp_path):
+    """The last rank passes another replica's hand-made dp group, one it is not in: torch makes the call a
+    no-op (with a warning), the tracer writes a `not_member` row, and its own replica's group waits."""
+    out = tmp_path / "dtensor-foreign"
+    proc = ncclscope_run(out, 4, "examples/dtensor_tp.py", "--steps", "2", "--bug", "foreign-group",
+                         "--timeout", "3")
+    rep = analyze_failed(out, proc)
+    line = line_of("examples/dtensor_tp.py", "dist.all_reduce(g, group=group)")
+    assert rep["verdict"].startswith(f"WRONG GROUP: rank 3 called all_reduce at examples/dtensor_tp.py:{line} on a "
+                                     "process group it is not a member of"), rep["verdict"]
+    heads = [f for f in rep["findings"] if f["data"].get("role") == "headline"]
+    assert heads and (heads[0]["kind"], heads[0]["ranks"]) == ("wrong_group", [3]), rep["verdict"]
+
+
 def test_pipeline_1f1b_healthy(tmp_path):
     out = tmp_path / "pp"
     proc = ncclscope_run(out, 2, "examples/pipeline_1f1b.py", "--steps", "2")

@@ -49,6 +49,7 @@ from .groups import analyze_groups
 from .index import TraceIndex, index_of
 from .labels import rank_label
 from .late_arrival import find_late_arrivals
+from .nonmember import find_nonmember_calls
 from .p2p import analyze_p2p
 from .schedule_check import analyze_schedule
 from .stacks import stack_for
@@ -97,8 +98,10 @@ def diagnose(trace: Trace, max_per_group: int = 5) -> Diagnosis:
     roots = [f for f in wr.findings if f.severity == "error"]
     context = [f for f in wr.findings if f.severity != "error"]
     sched = analyze_schedule(ix)
-    before = skips_before_death(ix, roots) + mismatches_before_death(ix, roots) + find_late_arrivals(ix)
-    findings = combine(trace, *fr_roots(ix, roots, cr.findings + sched + before + pr.findings + gr.findings + context))
+    before = (skips_before_death(ix, roots) + mismatches_before_death(ix, roots) + find_late_arrivals(ix)
+              + find_nonmember_calls(ix))
+    causes = _with_deaths_inside(ix, cr.findings) + sched + before + pr.findings + gr.findings + context
+    findings = combine(trace, *fr_roots(ix, roots, causes))
     tables = {"wait_edges": wr.edges, "blocking_ops": wr.blocking, "rank_states": wr.ranks,
               "collective_instances": cr.instances, "collective_deviations": cr.deviations,
               "missing_participants": cr.missing, "p2p_pairs": pr.pairs, "p2p_unmatched": pr.unmatched,
@@ -165,6 +168,28 @@ def skips_before_death(ix: TraceIndex, roots: list[Finding]) -> list[Finding]:
     return out
 
 
+def _with_deaths_inside(ix: TraceIndex, findings: list[Finding]) -> list[Finding]:
+    """Mark each mismatch with the dead ranks that died inside its instance (their begin row for it never
+    got an end): gloo aborts the members of a size mismatch in the op itself, so those deaths are the
+    mismatch's doing (`explains`), the deviant's own death included."""
+    mism = [f for f in findings if f.kind == "collective_mismatch" and f.instance is not None]
+    if not mism:
+        return findings
+    dead = {r for r, info in ix.trace.ranks.items() if info.state in ("killed", "failed")}
+    if not dead:
+        return findings
+    coll = ix.coll
+    open_rows = coll[(coll["status"].astype(str) == "inflight").to_numpy() & coll["rank"].isin(dead).to_numpy()]
+    inside: dict[tuple[str, int], list[int]] = {}
+    for r in open_rows[["process_group", "collective_seq_id", "rank"]].itertuples(index=False):
+        inside.setdefault((str(r.process_group), int(r.collective_seq_id)), []).append(int(r.rank))
+    out = []
+    for f in findings:
+        ranks = inside.get((f.instance.group, f.instance.seq)) if any(f is m for m in mism) else None
+        out.append(replace(f, data={**f.data, "died_inside": sorted(ranks)}) if ranks else f)
+    return out
+
+
 def mismatches_before_death(ix: TraceIndex, roots: list[Finding]) -> list[Finding]:
     """A dead rank's partner whose lone record of an instance differs from its own history there.
 
@@ -227,6 +252,9 @@ def explains(cause: Finding, root: Finding) -> bool:
         return root.kind in SCHEDULE_EXPLAINS and bool(set(cause.ranks) & root.involved_ranks)
     if cause.kind == "collective_mismatch" and cause.data.get("before_death"):
         return root.kind == "dead_rank" and bool(set(root.ranks) & set(cause.data.get("absent_ranks", [])))
+    if cause.kind == "collective_mismatch" and root.kind == "dead_rank" and set(root.ranks) & set(
+            cause.data.get("died_inside", ())):
+        return True
     if cause.kind == "unmatched_p2p":   # the absent side skipped it (p2p.with_departure): the wait between them
         return (bool(cause.data.get("departure")) and root.kind in DEPARTURE_EXPLAINS
                 and {int(cause.data["poster"]), int(cause.data["absent"])} <= root.involved_ranks)
@@ -283,6 +311,22 @@ def _cause_order(c: Finding) -> tuple:
     return (rank, min(e.time_ns for e in c.evidence))
 
 
+def _skip_first(causes: list[Finding]) -> list[Finding]:
+    """A mismatch is the shifted pairing of a skip when the same rank skipped a call on the same group at or
+    before that instance (census.sequence_skips: its #k came from a later call site than its peers' #k). Its
+    op then met the peers' next op, so sizes or types disagree; the skip is the first deviation."""
+    if not causes or causes[0].kind != "collective_mismatch":
+        return causes
+    head = causes[0]
+    deviant, inst = set(head.data.get("deviant_ranks", head.ranks)), _instance(head)
+    for c in causes[1:]:
+        ci = _instance(c)
+        if (c.kind == "hang" and c.data.get("basis") == "sequence" and set(c.ranks) & deviant
+                and ci is not None and inst is not None and ci[0] == inst[0] and ci[1] <= inst[1]):
+            return [c] + [x for x in causes if x is not c]
+    return causes
+
+
 def _consequence(cause: Finding) -> bool:
     """Causes whose root stays listed as their consequence (supporting): a schedule deviation's deadlock,
     a skip's death."""
@@ -333,7 +377,7 @@ def combine(trace: Trace, roots: list[Finding], others: list[Finding]) -> list[F
         if earlier is not None:          # the same deviation explains this root too
             out.append(_with_role(root, Role.SUPPORTING, earlier.title))
             continue
-        causes = sorted((c for c in pending if explains(c, root)), key=_cause_order)
+        causes = _skip_first(sorted((c for c in pending if explains(c, root)), key=_cause_order))
         if causes:
             pending.remove(causes[0])
             head = _as_headline(trace, _promote(trace, causes[0], root))

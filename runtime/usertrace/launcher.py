@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import signal
 import sys
 import time
 import uuid
@@ -23,8 +24,8 @@ from typing import Any
 from ncclscope import schema as S
 
 
+
 def _signal_name(code: int) -> str | None:
-    import signal
     if code < 0:
         try:
             return signal.Signals(-code).name
@@ -61,6 +62,7 @@ def launch(script: str, script_args: list[str], nproc: int = 1, out: str = "", t
     import logging
 
     import torch
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     run["versions"]["torch"] = torch.__version__
@@ -70,7 +72,7 @@ def launch(script: str, script_args: list[str], nproc: int = 1, out: str = "", t
                        rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
                        start_method="spawn")
     failures: dict[int, Any] = {}
-    end_reason = "completed"
+    end_reason, term_signal = "completed", 0
     try:
         elastic_launch(cfg, sys.executable)("-m", "ncclscope.run", "--out", str(run_dir), "--timeout-s",
                                             str(timeout_s), script, *script_args)
@@ -79,26 +81,32 @@ def launch(script: str, script_args: list[str], nproc: int = 1, out: str = "", t
         end_reason = "rank_failed"
     except KeyboardInterrupt:
         end_reason = "interrupted"
+    except SignalException as exc:   # the agent turns SIGTERM/SIGHUP to this process into an exception
+        end_reason, term_signal = "terminated", int(exc.sigval)
     ranks: dict[str, Any] = {}
+    first = min(failures.values(), key=lambda f: f.timestamp) if failures else None
     for r in range(nproc):
         meta = _rank_meta(run_dir, r)
         end = meta.get("end") if isinstance(meta.get("end"), dict) else {}
         f = failures.get(r)
         if f is not None:
             code = int(f.exitcode)
+            # the agent SIGTERMs every rank still running once one fails: those failures are its doing
+            stopped = f is not first and code == -int(signal.SIGTERM) and f.timestamp >= first.timestamp
             ranks[str(r)] = {"exitcode": code if code >= 0 else None, "signal": _signal_name(code),
-                             "pid": int(f.pid) if f.pid else meta.get("pid"), "stopped_by_launcher": False}
+                             "pid": int(f.pid) if f.pid else meta.get("pid"), "stopped_by_launcher": stopped}
         elif end.get("status") == "ok" or end_reason == "completed":
             ranks[str(r)] = {"exitcode": 0, "signal": None, "pid": meta.get("pid"), "stopped_by_launcher": False}
         else:   # alive when another rank failed: the agent terminated it
             ranks[str(r)] = {"exitcode": None, "signal": "SIGTERM", "pid": meta.get("pid"),
                              "stopped_by_launcher": True}
     code = 0
-    if failures:
-        first = min(failures.values(), key=lambda f: f.timestamp)
+    if first is not None:
         code = first.exitcode if first.exitcode >= 0 else 128 - first.exitcode
     elif end_reason == "interrupted":
         code = 130
+    elif end_reason == "terminated":
+        code = 128 + term_signal
     run.update(end_reason=end_reason, ended=_dt.datetime.now().isoformat(timespec="seconds"),
                duration_s=round(time.time() - started, 3), ranks=ranks)
     _write_json(run_dir / S.RUN_JSON, run)

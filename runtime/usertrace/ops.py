@@ -29,11 +29,16 @@ import time
 from typing import Any, Callable
 
 import torch
+import torch.distributed.distributed_c10d as c10d
 
 from ncclscope import schema as S
 
 from .callsite import call_site, text_of
 from .opspec import NO_META, OWN_SEQ, REDUCE_NAMES, list_meta, positions, tensor_meta, tls
+
+
+NOT_MEMBER_NOTE = ("called on a process group this rank is not a member of: torch returned at once, "
+                   "without communicating")
 
 
 class OpsMixin:
@@ -60,6 +65,7 @@ class OpsMixin:
         i_in, i_group, i_async = pos.get(in_arg, -1), pos.get("group", -1), pos.get("async_op", -1)
         i_op, i_peer, i_tag = pos.get("op", -1), pos.get(peer_arg, -1), pos.get("tag", -1)
         own_seq = fname in OWN_SEQ
+        rooted = kind == S.KIND_COLLECTIVE and bool(peer_arg)   # broadcast, reduce, gather, scatter (+ _object)
         rec = self.rec
         begin, end = rec.begin, rec.end
         groups = self.groups
@@ -82,6 +88,10 @@ class OpsMixin:
             if g is None:
                 g = self._group_of(pg)
                 if g is None:
+                    if pg is c10d.GroupMember.NON_GROUP_MEMBER:
+                        # torch returns at once (with a warning): the call communicates nothing, and
+                        # the group the rank's peers wait on never sees it. Worth a row of its own.
+                        rec.instant(S.KIND_MARKER, op_name, NOT_MEMBER_NOTE, S.STATUS_NOT_MEMBER, call_site())
                     return orig(*args, **kwargs)
             if self._groups_dirty:
                 self.write_groups()
@@ -125,6 +135,8 @@ class OpsMixin:
                         reduce_op = REDUCE_NAMES.get(int(rop), str(rop))
                     except (TypeError, ValueError):
                         reduce_op = str(rop)
+            if rooted and peer >= 0:   # the root is part of what every member must agree on
+                reduce_op = f"{reduce_op}, root {peer}" if reduce_op else f"root {peer}"
             is_async = always_async or bool(args[i_async] if 0 <= i_async < n else kwargs.get("async_op", False))
             site = call_site()
             # positional, in Recorder.begin's order: keyword matching is a tenth of this path's cost
