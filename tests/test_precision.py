@@ -370,3 +370,24 @@ def test_a_rank_causing_most_of_the_waiting_is_tested_though_last_at_few_of_its_
     res = analyze_stragglers(b.build())
     (f,) = warnings_of(res.findings)
     assert f.ranks == [1] and f.data["last_frac"] < 0.5, f.title
+
+
+def test_a_strong_compute_effect_carries_a_weaker_last_arrival_record() -> None:
+    """A loaded host: rank 0 computes 2x its peers every step, but in two of six steps another rank reaches
+    the all_reduce later (it idled before it: scheduling, not compute). Last in 4 of 6 (p=0.038 > ALPHA),
+    z far above MIN_Z: a straggler. With only 3 of 6 (p=0.17) it is not, however slow."""
+    def trace(late_steps: tuple[int, ...]) -> Trace:
+        rng = np.random.default_rng(3)
+        b = TraceBuilder(4, groups={"dp0": [0, 1, 2, 3]}, coords={r: {"dp": r} for r in range(4)})
+        for step in range(6):
+            t = 10.0 * step
+            c = [0.1 * (2.0 if r == 0 else 1.0) * math.exp(0.05 * rng.standard_normal()) for r in range(4)]
+            arrive = [t + c[r] + (0.3 if (r == 1 and step in late_steps) else 0.0) for r in range(4)]
+            for r in range(4):
+                b.compute(r, "forward", t, t + c[r], step=step, microbatch=0)
+                b.collective(r, "dp0", step + 1, start=arrive[r], end=max(arrive) + 0.01, step=step)
+        return b.build()
+    res = analyze_stragglers(trace((1, 4)))
+    (f,) = warnings_of(res.findings)
+    assert f.ranks == [0] and ALPHA < f.data["p_last"] <= 0.05 and f.data["z"] >= 1.5 * MIN_Z
+    assert warnings_of(analyze_stragglers(trace((1, 3, 4))).findings) == []
