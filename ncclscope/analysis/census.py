@@ -17,6 +17,7 @@ import pandas as pd
 
 from .instances import member_table
 from .labels import majority_vote, take_str
+from .repetition import virtual_steps
 
 CENSUS_COLUMNS = ["process_group", "step", "call_site", "rank", "count", "expected", "direction", "basis",
                   "op_name", "ref_seq", "ref_ranks", "n_members"]
@@ -71,6 +72,7 @@ def step_census_deviations(coll: pd.DataFrame, members: dict[str, list[int]],
     cell = ["process_group", "step", "call_site"]
     cnt = c.groupby(cell + ["rank"], sort=False).agg(
         count=("op_id", "size"), first_seq=("collective_seq_id", "min"), op_name=("op_name", "first")).reset_index()
+    cnt["op_name"] = cnt["op_name"].astype("str")    # one row per cell and rank: plain strings again (filled below)
     cells = cnt[cell].drop_duplicates()
     mt = member_table({g: members[g] for g in cells["process_group"].unique()}).rename(columns={"member": "rank"})
     full = cells.merge(mt, on="process_group")
@@ -365,8 +367,18 @@ def sequence_skips(ix, ranks: list[int]) -> pd.DataFrame:
     for (r, g), sub in c.groupby(["rank", "process_group"], sort=True):
         r, g = int(r), str(g)
         s = int(sub["step"].max())
-        now = sub[sub["step"] == s].sort_values("start_ns")
-        prev = sub[sub["step"] == s - 1].sort_values("start_ns")
+        virtual = sub["step"].min() == s and len(sub) > 1   # one step for everything: its loop's repetitions
+        if virtual:
+            sub = sub.sort_values("start_ns", kind="stable")
+            rep = virtual_steps([str(x) for x in sub["call_site"]])
+            if rep is None:
+                continue
+            sub = sub.assign(vstep=rep[0])
+            v = int(rep[0][rep[1]])
+            now, prev = sub[sub["vstep"] == v], sub[sub["vstep"] == v - 1]
+        else:
+            now = sub[sub["step"] == s].sort_values("start_ns")
+            prev = sub[sub["step"] == s - 1].sort_values("start_ns")
         ref = [str(x) for x in prev["call_site"]]
         got = [str(x) for x in now["call_site"]]
         if not ref or not got:
@@ -388,9 +400,11 @@ def sequence_skips(ix, ranks: list[int]) -> pd.DataFrame:
         if not refs:
             continue                        # the others were not at Y there: no evidence it paired off
         yop = str(prev.iloc[i]["op_name"])
-        rows.append({"rank": r, "process_group": g, "seq": k, "step": s, "call_site": y, "op_name": yop,
+        rows.append({"rank": r, "process_group": g, "seq": k, "step": -1 if virtual else s, "call_site": y,
+                     "op_name": yop,
                      "ref_ranks": refs, "basis": "sequence", "went_site": x,
-                     "note": f"its #{k} was {op_row['op_name']} from {x}, which comes after {y} in its step {s - 1}"
-                             + seen_in})
+                     "note": f"its #{k} was {op_row['op_name']} from {x}, which comes after {y} in "
+                             + (f"its previous iteration of the calls it repeats on {g}" if virtual
+                                else f"its step {s - 1}") + seen_in})
     out = pd.DataFrame(rows, columns=cols)
     return out.sort_values(["step", "seq"], kind="stable").drop_duplicates("rank").reset_index(drop=True)

@@ -144,16 +144,17 @@ def skips_before_death(ix: TraceIndex, roots: list[Finding]) -> list[Finding]:
         g, k, site = str(d.process_group), int(d.seq), str(d.call_site)
         refs = [int(x) for x in d.ref_ranks]
         who = rank_label(trace, [int(d.rank)])
+        at = f" at step {int(d.step)}" if int(d.step) >= 0 else ""   # -1: a loop without step numbers
         if d.basis == "stack-ahead":      # it ran ahead, but which earlier call it left out is not recorded
-            title = (f"{who} skipped a collective on {ix.label(g)} at step {int(d.step)}: at #{k}, where "
+            title = (f"{who} skipped a collective on {ix.label(g)}{at}: at #{k}, where "
                      f"{rank_label(trace, refs)} called {d.op_name} ({site}), {d.note}")
         else:
-            title = (f"{who} skipped {d.op_name} on {ix.label(g)} at step {int(d.step)} "
+            title = (f"{who} skipped {d.op_name} on {ix.label(g)}{at} "
                      f"({site}" + (f", #{k} for {rank_label(trace, refs)})" if k >= 0 and refs else ")")
                      + f": {d.note}")
         if d.went_site:
             title += f"; it paired with the others' {d.op_name}" + (f" #{k}" if k >= 0 else "")
-        ev = [Evidence(rank=int(d.rank), note=f"skipped {d.op_name} from {site} at step {int(d.step)} ({d.basis}): "
+        ev = [Evidence(rank=int(d.rank), note=f"skipped {d.op_name} from {site}{at} ({d.basis}): "
                                               f"{d.note}", op_name=str(d.op_name), process_group=g, seq=k)]
         coll = ix.coll
         began = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k)].head(8)

@@ -1,0 +1,50 @@
+"""Iterations from repetition, for a rank's calls that carry no step numbers.
+
+`census.sequence_skips` finds a skipped collective by comparing a rank's call
+sites in its last step with its previous step. A script traced by `ncclscope
+run` that never calls an optimizer's `step()` (an evaluation loop, hand-written
+SGD, a benchmark) has every op in one step, so there is no previous step to
+compare with. Its loop still repeats: the call sites a rank issues on a group
+form a periodic sequence (A B A B A B ...) until the iteration where it
+deviates. The period and its phase are read off the sequence itself, and each
+repetition becomes a virtual step; setup calls before the loop are left out.
+
+    >>> virtual_steps(["init", "a", "b", "a", "b", "a", "b", "b"])
+    (array([-1, 0, 0, 1, 1, 2, 2, 3]), 7)
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+MAX_PERIOD = 64          # call sites per iteration, at most (a longer loop body is not searched)
+MIN_REPEATS = 2          # whole iterations before the deviation: one is not a pattern
+
+
+def virtual_steps(sites: list[str]) -> tuple[np.ndarray, int] | None:
+    """(virtual step of each call, index of the first call that breaks the repetition), or None when the
+    sequence never repeats MIN_REPEATS times or never breaks. Calls before the loop get step -1.
+
+    The period p and phase o chosen are those whose repetition lasts longest (the first j >= o + p with
+    sites[j] != sites[j - p] is as late as possible), the shortest such period on a tie."""
+    n = len(sites)
+    if n < 2 * MIN_REPEATS + 1:
+        return None
+    codes = pd.factorize(pd.Series(sites, dtype=object))[0]
+    best: tuple[int, int, int] | None = None          # (break index, -p, -o)
+    for p in range(1, min(MAX_PERIOD, n // MIN_REPEATS) + 1):
+        ok = codes[p:] == codes[:-p]                  # ok[j - p]: call j repeats call j - p
+        for o in range(p):
+            tail = ok[o:]
+            bad = np.flatnonzero(~tail)
+            brk = o + p + int(bad[0]) if len(bad) else n
+            if brk - o < MIN_REPEATS * p or brk >= n:
+                continue
+            cand = (brk, -p, -o)
+            if best is None or cand > best:
+                best = cand
+    if best is None:
+        return None
+    brk, p, o = best[0], -best[1], -best[2]
+    idx = np.arange(n)
+    return np.where(idx >= o, (idx - o) // p, -1), brk

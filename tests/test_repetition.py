@@ -1,0 +1,55 @@
+"""A skipped collective in a loop without step numbers (a script traced by `ncclscope run` that never calls
+an optimizer step): the loop's repetitions stand in for steps (analysis/repetition.py)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ncclscope.analysis import run
+from ncclscope.analysis.repetition import virtual_steps
+from trace_builder import TraceBuilder
+
+
+def test_period_and_phase_come_from_the_sequence():
+    steps, brk = virtual_steps(["init", "a", "b", "a", "b", "a", "b", "b"])
+    assert brk == 7 and list(steps) == [-1, 0, 0, 1, 1, 2, 2, 3]
+    steps, brk = virtual_steps(["a", "b", "c"] * 3 + ["a", "c"])
+    assert brk == 10 and list(steps[:9]) == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert virtual_steps(["a", "b"] * 5) is None               # never breaks: nothing to find
+    assert virtual_steps(["a", "b", "a", "c"]) is None         # never repeats twice
+    assert virtual_steps(list("abcdefgh")) is None
+
+
+def _loop(skip_at: int | None) -> TraceBuilder:
+    """4 ranks, every op in step 0: all_reduce of the gradients (train.py:8, 256 floats) then of a metric
+    (train.py:9, 8 floats), 5 times; rank 2 leaves out the first at iteration `skip_at`."""
+    b = TraceBuilder(4, groups={"world": [0, 1, 2, 3]})
+    for r in range(4):
+        seq, t = 0, 0.0
+        for i in range(5):
+            for site, sizes in (("train.py:8", "[[256]]"), ("train.py:9", "[[8]]")):
+                if r == 2 and i == skip_at and site == "train.py:8":
+                    continue
+                seq, t = seq + 1, t + 0.1
+                stuck = skip_at is not None and seq >= 2 * skip_at + 1
+                b.collective(r, "world", seq, start=t, end=None if stuck else t + 0.05, sizes=sizes,
+                             call_site=site, step=0)
+                if stuck:
+                    break
+            else:
+                continue
+            break
+        b.heartbeats(r, 0.0, 9.0)
+    return b
+
+
+def test_a_skip_in_a_loop_without_steps_is_named_as_the_skip():
+    a = run(_loop(skip_at=3).build())
+    assert a.verdict.startswith("HANG: rank 2 skipped all_reduce on world[0-3] (train.py:8, #7 for ranks 0,1,3)"), \
+        a.verdict
+    assert "its previous iteration" in a.verdict and a.root_ranks == [2]
+
+
+def test_a_loop_that_only_repeats_is_healthy():
+    a = run(_loop(skip_at=None).build())
+    assert a.verdict.startswith("OK"), a.verdict
+    assert np.all([f.severity == "info" for f in a.findings])
