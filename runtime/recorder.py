@@ -452,16 +452,6 @@ class NullRecorder:
     def flush(self) -> None:
         pass
 
-    def _flush_on_abort(self) -> None:
-        """The SIGABRT path: write the queued event rows unless a flush is in progress on the thread
-        that is dying (its lock would never be released)."""
-        if self._io_lock.acquire(timeout=1.0):
-            try:
-                if not self._closed:
-                    self.events.drain()
-            finally:
-                self._io_lock.release()
-
     def request_flush(self) -> None:
         pass
 
