@@ -224,6 +224,15 @@ def make_profiler_traces(out: Path, ranks: int, events: int, seed: int = 0) -> d
 # Children (one fresh process per measurement)
 # --------------------------------------------------------------------------
 def _rss_mib() -> float:
+    """Peak resident memory of this process. VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a
+    child started by a parent that had just written 3 GB of dumps would report the parent's size."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
@@ -357,8 +366,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="the dp collective the culprit skips in its last step: a ZeRO all_gather, or the DDP "
                          "gradient all_reduce (then dp runs one all_reduce per step)")
     ap.add_argument("--timeout", type=float, default=600, help="per-measurement limit for ncclscope (killed past it)")
-    ap.add_argument("--fr-trace-timeout", type=float, default=0,
-                    help="limit for PyTorch's fr_trace (default: --timeout); it is killed past it, never waited on")
+    ap.add_argument("--fr-trace-timeout", type=float, default=None,
+                    help="limit for PyTorch's fr_trace (default: --timeout); it is killed past it, never waited on; "
+                         "0: do not run fr_trace (while iterating on ncclscope)")
     ap.add_argument("--max-rss-mib", type=float, default=0, help="kill a measurement past this resident memory")
     ap.add_argument("--inputs", default="", help="write the inputs here and reuse them on the next run "
                                                  "(default: a temporary directory, deleted)")
@@ -404,7 +414,10 @@ def bench_fr(tmpd: Path, ns: argparse.Namespace, culprit: int) -> None:
           f"{fr['entries']} entries per dump ({'wrapped ring buffer' if fr.get('wrapped') else 'not wrapped'}), "
           f"culprit rank {culprit} skips its last dp {fr.get('skip', '_all_gather_base')} ({made})", flush=True)
     ours = run_child("ncclscope-fr", fr_dir, ns.timeout, ns.max_rss_mib)
-    theirs = run_child("fr_trace", fr_dir, ns.fr_trace_timeout or ns.timeout, ns.max_rss_mib)
+    if ns.fr_trace_timeout == 0:
+        theirs: dict = {"error": "not run (--fr-trace-timeout 0)"}
+    else:
+        theirs = run_child("fr_trace", fr_dir, ns.fr_trace_timeout or ns.timeout, ns.max_rss_mib)
     for name, res in (("ncclscope", ours), ("fr_trace ", theirs)):
         named = res.get("culprit")
         verdict = ("names rank " + ",".join(map(str, named)) + (" (correct)" if named == [culprit] else " (WRONG)")

@@ -482,6 +482,61 @@ def test_fr_edge_cases(tmp_path):
         load_flight_recorder(tmp_path / "dumps" / ".." / "dumps" / "..")
 
 
+def _entry_columns(ents) -> dict:
+    names = ("n", "rank", "record_id", "cseq", "created", "started", "completed_ns", "timeout_ms", "is_p2p", "nbytes",
+             "pg_code", "pg_names", "desc_code", "descs", "pn_code", "pnames", "state_code", "states", "thread_code",
+             "threads", "site_code", "sites", "size_code", "size_texts", "dtype_code", "dtype_texts", "rank_stats")
+    out = {k: (getattr(ents, k).tolist() if isinstance(getattr(ents, k), np.ndarray) else getattr(ents, k))
+           for k in names}
+    out["frames"] = {k: repr(v) for k, v in ents.frames.items()}
+    return out
+
+
+def test_fr_column_reader_fast_path_matches_the_per_entry_path(tmp_path):
+    """Entries.add transposes a dump in C-level passes (fr_entries); the per-entry (tolerant) path
+    must give the very same columns, code tables, kept frames and per-rank stats."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from ingest import make_fr_dumps
+
+    from ncclscope.ingest.fr_entries import Entries
+    from ncclscope.ingest.fr_read import read_dump
+    dirs = [_nccl_dumps(tmp_path / "nccl"), tmp_path / "bench"]
+    make_fr_dumps(dirs[1], 8, 120, 5, skip="all_reduce")
+    odd = [dict(e) for e in pickle.loads((dirs[0] / "nccl_trace_rank_1").read_bytes())["entries"]]
+    odd[3]["input_dtypes"] = ("BFloat16",)          # a tuple next to lists of the same dtype
+    odd[4]["input_sizes"] = ((4096, 1024),)           # tuples: their text is JSON's, as before
+    odd[5]["state"], odd[6]["thread_id"], odd[7]["profiling_name"] = None, 7, None
+    odd[8]["frames"] = odd[9]["frames"]               # one stack object shared by two entries
+    odd[10]["input_dtypes"] = [["nested"]]            # unhashable as a key: one key per entry
+    dumps = [read_dump(f)["entries"] for d in dirs for f in sorted(d.iterdir()) if f.name != "inputs.json"]
+    a, b = Entries(), Entries()
+    for r, entries in enumerate(dumps + [odd]):
+        a.add(r, entries)
+        b.add(r, entries, fast=False)
+    assert _entry_columns(a.finish()) == _entry_columns(b.finish())
+    assert a.n == sum(len(x) for x in dumps) + len(odd)
+    # rank_stats = what a groupby over the columns gives
+    df = pd.DataFrame({"r": a.rank, "rec": a.record_id, "t": a.created, "to": a.timeout_ms})
+    g = df.groupby("r")
+    want = {int(r): (int(g["rec"].min()[r]), int(g["t"].min()[r]), int(g["t"].max()[r]), int(g["to"].max()[r]),
+                     int(g["rec"].max()[r])) for r in g.groups}
+    assert a.rank_stats == want
+
+
+def test_fr_missing_state_and_thread_read_as_unknown_not_nan(tmp_path):
+    d = _nccl_dumps(tmp_path / "d")
+    f = d / "nccl_trace_rank_2"
+    dump = pickle.loads(f.read_bytes())
+    for e in dump["entries"]:
+        e["thread_id"] = None
+        if e["state"] != "completed":
+            e["state"] = None
+    f.write_bytes(pickle.dumps(dump, protocol=2))
+    stack = load_flight_recorder(d).stacks[2]
+    assert "nan" not in stack and "state ?, thread ?" in stack
+
+
 def test_shared_vocabulary():
     assert normalize_op("nccl:_reduce_scatter_base") == "reduce_scatter_tensor"
     assert normalize_op("c10d::allreduce_") == "all_reduce" and normalize_op("gloo:all_gather") == "all_gather"

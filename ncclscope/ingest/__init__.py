@@ -4,8 +4,9 @@ Every reader ends in `ncclscope.trace.assemble`, so the analyses see one shape
 whatever the source. Entry point: `load_any(path)` (see `detect.py`).
 
 Modules: `detect` (what is this input, by content), `vocab` (the names both
-readers share), `fr_read` / `fr_fixups` / `flight_recorder` (Flight Recorder
-dumps: reading, the gloo and ring-buffer fix-ups, building the Trace),
+readers share), `fr_read` / `fr_entries` / `fr_fixups` / `flight_recorder` /
+`fr_groups` (Flight Recorder dumps: reading, entries to columns, the gloo and
+ring-buffer fix-ups, building the Trace, its group table),
 `prof_read` / `prof_rows` / `profiler` (profiler traces likewise),
 `safe_pickle` (the restricted unpickler). Every file is read through
 `ncclscope.safe_io`. Import order is one way: detect -> readers -> vocab.

@@ -49,11 +49,14 @@ import pyarrow as pa
 
 from .. import safe_io
 from .. import schema as S
+from ..columns import _trim
 from ..trace import RankInfo, Trace, TraceError, assemble
 from .fr_fixups import _group_members, _infer_gloo, _p2p_sequences, _parse_profiling_name, _peer
-from .fr_read import (SNIFF_BYTES, SUPPORTED_MAJOR, Entries, _factorize, call_site, dump_files, format_stack,
-                      rank_from_name, read_dump, sniff)
-from .vocab import P2P_OPS, GroupNamer, coded, events_table, group_kind, parse_ranks
+from .fr_entries import Entries
+from .fr_groups import _config_disagreements, _group_rows
+from .fr_read import (SNIFF_BYTES, SUPPORTED_MAJOR, _factorize, call_site, dump_files, format_stack, rank_from_name,
+                      read_dump, sniff)
+from .vocab import P2P_OPS, GroupNamer, coded, events_table, parse_ranks
 
 __all__ = ["load_flight_recorder", "sniff", "rank_from_name", "dump_files", "read_dump", "call_site", "format_stack",
            "Entries", "SUPPORTED_MAJOR", "SNIFF_BYTES", "INFERRED_NOTE", "DUMP_MARKER"]
@@ -130,6 +133,7 @@ def _load(path: str | Path, world_size: int | None) -> Trace:
         warnings.append(f"ranks wrote different dump versions: {sorted(versions)}")
 
     ents.finish()
+    _trim()             # the per-dump pieces' heap (~0.25 GB at 2 M entries) goes back before the next stage
     world = max(max(files) + 1, world_size or 0)
     cap = safe_io.plausible_world(1, len(files), max(max(files), world - 1))
     implausible: set[str] = set()
@@ -203,12 +207,10 @@ def _load(path: str | Path, world_size: int | None) -> Trace:
     # completion ----------------------------------------------------------------------
     present = set(dumps)
     # per-rank minima in one pass each (a mask per rank was ranks x entries: minutes at 1,024 ranks)
-    by_rank = pd.DataFrame({"rank": ents.rank, "record": ents.record_id, "created": ents.created}).groupby(
-        "rank", sort=True).min()
-    first_record = {int(r): int(v) for r, v in zip(by_rank.index, by_rank["record"])}
+    stats = ents.rank_stats            # per rank: (min record, min created, max created, max timeout, max record)
+    first_record = {r: st[0] for r, st in sorted(stats.items())}
     wrapped = {r for r, v in first_record.items() if v > 0}
-    first_created = {int(r): int(v) for r, v in zip(by_rank.index, by_rank["created"])}
-    del by_rank
+    first_created = {r: st[1] for r, st in sorted(stats.items())}
     coll = ~is_p2p
     first_seq: dict[tuple[int, int], int] = {}
     if wrapped:
@@ -235,6 +237,7 @@ def _load(path: str | Path, world_size: int | None) -> Trace:
             "gloo Flight Recorder dump: no op leaves state 'scheduled', so completion is inferred "
             "(a collective every member entered counts as completed; otherwise a later op on the same "
             "thread means it returned); see docs/ingest.md")
+    del gloo
 
     # per-group trim of what a wrapped buffer no longer shows -----------------------------
     keep = np.ones(n, bool)
@@ -254,6 +257,7 @@ def _load(path: str | Path, world_size: int | None) -> Trace:
         lab = np.clip(label, 0, len(members_of_label) - 1)
         keep[gmask & (ents.cseq < cut[lab])] = False
         keep[gmask & (ents.created < t_cut[lab])] = False
+        del gmask, lab
 
     # p2p sequence numbers ------------------------------------------------------------
     p2p_seq = np.full(n, -1, np.int64)
@@ -271,21 +275,26 @@ def _load(path: str | Path, world_size: int | None) -> Trace:
             f"aligned per process group by collective_seq_id; {int((~keep).sum())} completed op(s) older than "
             "what every member still holds were dropped")
 
-    # rows ----------------------------------------------------------------------------
-    kept = np.flatnonzero(keep)
-    common = {
-        "rank": ents.rank[kept], "op_id": ents.record_id[kept],
-        "kind": coded(is_p2p[kept].astype(np.int32), [S.KIND_COLLECTIVE, S.KIND_P2P], decode=False),
-        "op_name": coded(op[kept], op_names, decode=False), "process_group": coded(label[kept], labels, decode=False),
-        "collective_seq_id": np.where(is_p2p[kept], -1, ents.cseq[kept]), "p2p_seq_id": p2p_seq[kept],
-        "peer": peer[kept], "tag": np.where(is_p2p[kept], 0, -1), "bytes": ents.nbytes[kept],
-        "input_dtypes": coded(ents.dtype_code[kept], ents.dtype_texts, decode=False),
-        "input_sizes": coded(ents.size_code[kept], ents.size_texts, decode=False),
-        "timeout_ms": ents.timeout_ms[kept], "call_site": coded(ents.site_code[kept], ents.sites, decode=False),
-    }
-    tables = _event_tables(common, ents.created[kept], completed[kept], end_ns[kept], inferred[kept])
-    tables.append(_dump_markers(ents, files, present))
+    # everything that needs the per-entry columns of every entry, then the rows ---------
+    markers = _dump_markers(ents.rank_stats, files, present)
     stacks = _stacks(ents, ~completed, op_names, op, labels, label, peer, p2p_seq, is_p2p)
+    backend_of_label: dict[str, str] = {}
+    lab_first = np.unique(label, return_index=True)[1]
+    for lc, i in zip(np.unique(label), lab_first):
+        backend_of_label[labels[lc]] = backend_of_pn[ents.pn_code[i]]
+    cols = {"rank": ents.rank, "op_id": ents.record_id, "kind": is_p2p, "op_name": op, "process_group": label,
+            "collective_seq_id": ents.cseq, "p2p_seq_id": p2p_seq, "peer": peer, "bytes": ents.nbytes,
+            "input_dtypes": ents.dtype_code, "input_sizes": ents.size_code, "timeout_ms": ents.timeout_ms,
+            "call_site": ents.site_code, "time_ns": ents.created, "ended": completed, "end_ns": end_ns,
+            "inferred": inferred}
+    texts = {"op_name": op_names, "process_group": labels, "input_dtypes": ents.dtype_texts,
+             "input_sizes": ents.size_texts, "call_site": ents.sites}
+    # the per-entry columns are spent but for `cols`: free them before the tables are built (~0.4 GB at 2 M entries)
+    del ents, label, op, is_p2p, completed, end_ns, inferred, p2p_seq, peer, coll, pair_code, pair_key, state_completed
+    tables = _event_tables(cols, keep, texts)
+    del cols, keep
+    _trim()
+    tables.append(markers)
 
     ranks: dict[int, RankInfo] = {}
     for r in range(world):
@@ -294,10 +303,6 @@ def _load(path: str | Path, world_size: int | None) -> Trace:
         if r not in files:
             warnings.append(f"rank {r}: no Flight Recorder dump (the rank died or never dumped); "
                             "analyzing the other ranks")
-    backend_of_label: dict[str, str] = {}
-    lab_first = np.unique(label, return_index=True)[1]
-    for lc, i in zip(np.unique(label), lab_first):
-        backend_of_label[labels[lc]] = backend_of_pn[ents.pn_code[i]]
     group_rows = _group_rows(labels, members_of_label, info_of_label, present, backend_of_label)
     group_rows += _config_disagreements(dumps, set(labels), set(pair_pg))
     run = {
@@ -306,44 +311,72 @@ def _load(path: str | Path, world_size: int | None) -> Trace:
         "dumps": {str(r): str(files[r][0]) for r in sorted(files)},
         "comm_lib_version": next((str(d.get("comm_lib_version", "")) for d in dumps.values()), ""),
     }
-    # the per-entry columns are spent: free them before assemble builds the tables (~0.4 GB at 2 M entries)
-    del ents, common, label, op, is_p2p, completed, end_ns, inferred, keep, kept, p2p_seq, peer, coll, pair_code
-    del pair_key, state_completed
     return assemble(root, run, world, ranks, tables, None, None, group_rows, stacks, warnings)
 
 
-def _event_tables(common: dict[str, Any], created: np.ndarray, ended: np.ndarray, end_ns: np.ndarray,
-                  inferred: np.ndarray) -> list[pa.Table]:
-    # string columns stay dictionary-encoded (codes into the few distinct values) up to trace.assemble
-    begin = events_table({**common, "phase": S.PHASE_BEGIN, "time_ns": created}, len(created), dictionary=True)
-    mask = pa.array(ended)
-    e = {k: (v.filter(mask) if isinstance(v, pa.Array) else v[ended] if np.ndim(v) else v) for k, v in common.items()}
-    end = events_table({**e, "phase": S.PHASE_END, "time_ns": end_ns[ended], "status": S.STATUS_OK,
-                        "message": coded(inferred[ended].astype(np.int32), ["", INFERRED_NOTE][:1 + int(inferred.any())],
-                                         decode=False)},
-                       int(ended.sum()), dictionary=True)
+def _kept(cols: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, Any]:
+    """The event columns of the kept entries, each source column dropped as soon as its kept copy
+    is made (the peak is the kept columns plus what is left of the sources, not both in full)."""
+    all_kept = bool(keep.all())
+    kept = None if all_kept else np.flatnonzero(keep)
+    out: dict[str, Any] = {}
+    for name in list(cols):
+        col = cols.pop(name)
+        out[name] = col if all_kept else col[kept]
+        del col
+    return out
+
+
+def _event_tables(cols: dict[str, np.ndarray], keep: np.ndarray, texts: dict[str, list[str]]) -> list[pa.Table]:
+    """Begin rows for the kept entries, end rows for those that completed. String columns stay
+    dictionary-encoded (codes into the few distinct values) up to trace.assemble; the end rows are
+    the begin rows filtered, with their own phase, time, status and message."""
+    c = _kept(cols, keep)
+    n = len(c["rank"])
+    is_p2p = c.pop("kind")
+    common: dict[str, Any] = {
+        "rank": c.pop("rank"), "op_id": c.pop("op_id"),
+        "kind": coded(is_p2p.astype(np.int32), [S.KIND_COLLECTIVE, S.KIND_P2P], decode=False),
+        "collective_seq_id": np.where(is_p2p, -1, c.pop("collective_seq_id")), "p2p_seq_id": c.pop("p2p_seq_id"),
+        "peer": c.pop("peer"), "tag": np.where(is_p2p, 0, -1), "bytes": c.pop("bytes"),
+        "timeout_ms": c.pop("timeout_ms"),
+    }
+    del is_p2p
+    for name in ("op_name", "process_group", "input_dtypes", "input_sizes", "call_site"):
+        common[name] = coded(c.pop(name), texts[name], decode=False)
+    ended, end_ns, inferred = c.pop("ended"), c.pop("end_ns"), c.pop("inferred")
+    begin = events_table({**common, "phase": S.PHASE_BEGIN, "time_ns": c.pop("time_ns")}, n, dictionary=True)
+    del common
+    end = begin.filter(pa.array(ended))
+    m = end.num_rows
+    note = coded(inferred[ended].astype(np.int32), ["", INFERRED_NOTE][:1 + int(inferred.any())], decode=False)
+    own = events_table({"phase": S.PHASE_END, "time_ns": end_ns[ended], "status": S.STATUS_OK, "message": note}, m,
+                       dictionary=True)
+    for name in ("phase", "time_ns", "status", "message"):
+        i = end.schema.get_field_index(name)
+        end = end.set_column(i, own.schema.field(name), own.column(name))
     return [begin, end]
 
 
-def _dump_markers(ents: Entries, files: dict[int, tuple[Path, str]], present: set[int]) -> pa.Table:
+def _dump_markers(stats: dict[int, tuple[int, int, int, int, int]], files: dict[int, tuple[Path, str]],
+                  present: set[int]) -> pa.Table:
     """One marker row per rank at its dump file's mtime: when the dump was taken, so a
     waiter's "waiting since" has an end. Dumps carry no timestamp of their own; an mtime
-    outside [last op, last op + 2 x timeout + 10 min] (a copied file) is not trusted."""
+    outside [last op, last op + 2 x timeout + 10 min] (a copied file) is not trusted.
+    `stats`: Entries.rank_stats (per rank: ..., max created, max timeout_ms, max record_id)."""
     rows: dict[str, list[Any]] = {"rank": [], "op_id": [], "time_ns": [], "message": []}
-    per = pd.DataFrame({"rank": ents.rank, "created": ents.created, "timeout": ents.timeout_ms,
-                        "record": ents.record_id}).groupby("rank", sort=True).max()     # one pass, not one per rank
     for r in sorted(present):
-        if r not in per.index:
+        if r not in stats:
             continue
-        last = int(per.at[r, "created"])
+        _, _, last, timeout, record = stats[r]
         try:
             mtime = files[r][0].stat().st_mtime_ns
         except OSError:
             continue
-        window = (2 * max(int(per.at[r, "timeout"]), 0) + 600_000) * 1_000_000
+        window = (2 * max(timeout, 0) + 600_000) * 1_000_000
         if last <= mtime <= last + window:
             rows["rank"].append(r)
-            rows["op_id"].append(int(per.at[r, "record"]) + 1)
+            rows["op_id"].append(record + 1)
             rows["time_ns"].append(mtime)
             rows["message"].append(f"Flight Recorder dump {files[r][0].name} written (file mtime)")
     return events_table({**rows, "phase": S.PHASE_INSTANT, "kind": S.KIND_MARKER, "op_name": DUMP_MARKER},
@@ -371,48 +404,3 @@ def _stacks(ents: Entries, pending: np.ndarray, op_names: list[str], op: np.ndar
                          f"{format_stack(ents.frames.get((int(ents.rank[i]), int(ents.record_id[i]))))}")
         out[int(r)] = "\n".join(parts)
     return out
-
-
-def _group_rows(labels: list[str], members: list[tuple[int, ...]], info: list[tuple[str, str]], present: set[int],
-                backend_of: dict[str, str]) -> list[dict[str, Any]]:
-    """Group table rows: every present member's view (all alike: FR has one view per group)."""
-    order = sorted(range(len(labels)), key=lambda i: (_order_key(info[i][0]), labels[i]))
-    rows = []
-    for pos, i in enumerate(order):
-        lab, mem = labels[i], members[i]
-        kind = group_kind(info[i][1], lab)
-        for r in mem:
-            if r in present:
-                rows.append({"rank": r, "process_group": lab, "group_kind": kind, "ranks": [int(x) for x in mem],
-                             "creation_order": pos, "backend": str(backend_of.get(lab, ""))})
-    return rows
-
-
-def _config_disagreements(dumps: dict[int, dict[str, Any]], taken: set[str], used: set[str]) -> list[dict[str, Any]]:
-    """Each rank's own pg_config view of the groups no op label names: groups created but never
-    used (a job that stopped before using them), and groups whose member lists differ between ranks'
-    dumps (same name, different members: the ranks created their groups differently; op labels
-    split those by members), so the group view check can vote on them."""
-    views: dict[str, dict[int, tuple[tuple[int, ...], int, str]]] = {}
-    for rank, dump in dumps.items():
-        cfg = dump.get("pg_config")
-        if not isinstance(cfg, dict):
-            continue
-        for pos, (pg_name, info) in enumerate(cfg.items()):
-            members = parse_ranks(info.get("ranks")) if isinstance(info, dict) else None
-            desc = str(info.get("desc", "")) if isinstance(info, dict) else ""
-            if members and str(pg_name) and desc != "default_pg":      # gloo's unnamed '' is the default pg
-                views.setdefault(str(pg_name), {})[rank] = (members, pos, desc)
-    rows = []
-    for name, per_rank in views.items():
-        agree = len({m for m, _, _ in per_rank.values()}) < 2
-        if name in taken or (agree and name in used):   # an op label already carries it
-            continue
-        for rank, (members, pos, desc) in sorted(per_rank.items()):
-            rows.append({"rank": int(rank), "process_group": name, "group_kind": group_kind(desc, name),
-                         "ranks": [int(x) for x in members], "creation_order": pos, "backend": ""})
-    return rows
-
-
-def _order_key(name: str) -> tuple[int, Any]:
-    return (0, int(name)) if str(name).isdigit() else (1, str(name))

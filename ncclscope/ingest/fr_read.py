@@ -1,17 +1,16 @@
-"""Flight Recorder dumps: finding them, reading them, and reducing their entries to columns.
+"""Flight Recorder dumps: finding them, reading them, and the helpers that coerce their fields.
 
 Every file goes through `ncclscope.safe_io` (regular files only, size limit);
 a pickle through the restricted unpickler, JSON through the guarded parser,
 and either is then checked for depth and lone surrogates (`safe_io.sanitize`).
-`Entries.add` reduces one dump's entries to arrays, coercing every field to
-the type it should have (a hostile `state: []` becomes a string, a 10**30
-time a default), and adds nothing when a dump fails part-way.
+`fr_entries.Entries` reduces each dump's entries to arrays with the field
+helpers here, coercing every field to the type it should have (a hostile
+`state: []` becomes a string, a 10**30 time a default).
 """
 from __future__ import annotations
 
 import functools
 import json
-import operator
 import re
 from pathlib import Path
 from typing import Any
@@ -120,7 +119,7 @@ def read_dump(path: Path, fmt: str | None = None) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------
-# Entries -> columns
+# Field helpers (fr_entries.Entries uses them)
 # --------------------------------------------------------------------------
 def _int(value: Any, default: int = -1) -> int:
     """An int64 from a dump field (None, junk, inf, 10**30 -> default)."""
@@ -169,20 +168,6 @@ def _site(filename: str, line: Any) -> str:
     return f"{_short_path(filename)}:{_int(line, 0)}"
 
 
-def _call_sites(all_frames: Any) -> list[str]:
-    """call_site of each entry's frames; once per frames object (a dump that shares one stack
-    list between entries, or repeats a stack object, costs one walk per distinct object)."""
-    seen: dict[int, str] = {}
-    out = []
-    for f in all_frames:
-        k = id(f)
-        site = seen.get(k)
-        if site is None:
-            site = seen[k] = call_site(f)
-        out.append(site)
-    return out
-
-
 def _objects(values: Any) -> np.ndarray:
     """A 1-d object array of `values` (tuples stay elements, not rows)."""
     arr = np.empty(len(values), dtype=object)
@@ -214,28 +199,6 @@ def _ints(values: list[Any] | tuple[Any, ...], default: int) -> np.ndarray:
         return np.array([_int(v, default) for v in values], dtype=np.int64)
 
 
-_KEYS = ("record_id", "process_group", "collective_seq_id", "p2p_seq_id", "profiling_name", "input_sizes",
-         "input_dtypes", "state", "time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns",
-         "timeout_ms", "is_p2p", "thread_id", "frames")
-_GET_ALL = operator.itemgetter(*_KEYS)
-
-
-def _rows(entries: list[Any]) -> list[tuple[Any, ...]]:
-    """One tuple of _KEYS values per entry: one C call each when every key is there
-    (format 2.x as torch writes it), else a tolerant per-key path (older versions)."""
-    try:
-        return [_GET_ALL(e) for e in entries]
-    except (KeyError, TypeError):
-        out = []
-        for e in entries:
-            if isinstance(e, dict):
-                row = [e.get(k) for k in _KEYS]
-                if row[2] is None:
-                    row[2] = e.get("seq_id")
-                out.append(tuple(row))
-        return out
-
-
 def _factorize(values: list[Any]) -> tuple[np.ndarray, list[str]]:
     """Codes and distinct strings of a list of str-ish values (None -> ""), each
     distinct string safe to write (no lone surrogates)."""
@@ -243,154 +206,6 @@ def _factorize(values: list[Any]) -> tuple[np.ndarray, list[str]]:
     arr[:] = values
     codes, uniq = pd.factorize(arr, use_na_sentinel=False)
     return codes.astype(np.int64), ["" if u is None else safe_io.clean_text(u) for u in uniq]
-
-
-_CODED = ("pg_name", "pg_desc", "pname", "state", "thread", "site", "size_text", "dtype_text")
-
-
-class Entries:
-    """All entries of all ranks as columns: numbers as int64 arrays, strings as
-    codes into small tables (a job has few distinct group names, op names,
-    states, threads, call sites, shapes), no pandas string columns (they are
-    what would make a million-entry load slow).
-
-    Dumps are added one at a time (`add`) and reduced right away: one C-level
-    tuple per entry, one transpose, call site and payload size worked out, and
-    the stack frames kept only for entries that had not completed (the stacks
-    a person reads). So peak memory is one unpickled dump plus compact arrays,
-    not every dump's objects at once."""
-
-    def __init__(self) -> None:
-        self._parts: dict[str, list[Any]] = {k: [] for k in (
-            "rank", "record_id", "cseq", "created", "started", "completed_ns", "timeout_ms", "is_p2p", "pg_name",
-            "pg_desc", "pname", "state", "thread", "site", "size_text", "dtype_text", "nbytes")}
-        self.frames: dict[tuple[int, int], Any] = {}     # (rank, record_id) -> frames, unfinished entries only
-        self._bytes_cache: dict[tuple[str, str], tuple[str, int]] = {}
-        # string fields are coded per dump as it is added (codes into one table per field, in order of first
-        # appearance over all dumps, as one factorize of everything would number them): what stays between
-        # dumps is int codes, not millions of str objects (1,024 dumps x 2,000 entries: ~1 GB of them)
-        self._tables: dict[str, dict[Any, int]] = {k: {} for k in _CODED}
-
-    def add(self, rank: int, entries: list[Any]) -> None:
-        """Reduce one rank's entries. All or nothing: a dump that fails part-way
-        (an exception from a hostile field) adds no row, so the columns of the
-        other ranks stay aligned; the caller reports it."""
-        rows = _rows(entries)
-        n = len(rows)
-        if not n:
-            return
-        c = dict(zip(_KEYS, zip(*rows)))
-        del rows
-        pgs = c["process_group"]
-        try:
-            pg_name, pg_desc = zip(*pgs)
-            if len(pg_name) != n:
-                raise ValueError
-        except (TypeError, ValueError):
-            fixed = [pg if isinstance(pg, (list, tuple)) and len(pg) >= 2 else (_text(pg), "") for pg in pgs]
-            pg_name, pg_desc = tuple(p[0] for p in fixed), tuple(p[1] for p in fixed)
-        new: dict[str, list[Any]] = {k: [] for k in self._parts}
-        new["rank"].append(np.full(n, rank, np.int64))
-        record = _ints(c["record_id"], -1)
-        new["record_id"].append(record)
-        new["cseq"].append(_ints(c["collective_seq_id"], -1))
-        new["created"].append(_ints(c["time_created_ns"], -1))   # -1: no time (the analyses then say none)
-        new["started"].append(_ints(c["time_discovered_started_ns"], 0))
-        new["completed_ns"].append(_ints(c["time_discovered_completed_ns"], 0))
-        new["timeout_ms"].append(_ints(c["timeout_ms"], -1))
-        flags = c["is_p2p"]
-        try:
-            plain = {type(v) for v in set(flags)} <= {bool, type(None)}      # as torch writes it
-        except TypeError:                                                  # an unhashable flag
-            plain = False
-        new["is_p2p"].append(_objects(flags).astype(bool) if plain else
-                             np.array([bool(v) for v in flags], dtype=bool))
-        states = _texts(c["state"])
-        for key, values in (("pg_name", pg_name), ("pg_desc", pg_desc), ("pname", c["profiling_name"]),
-                            ("state", states), ("thread", c["thread_id"])):
-            new[key].extend(_texts(values))
-        new["site"].extend(_call_sites(c["frames"]))
-        texts = [_size_text(sz) for sz in c["input_sizes"]]
-        # bytes and dtypes once per distinct (sizes text, dtypes) pair, not once per entry
-        dts = c["input_dtypes"]
-        dkeys = [tuple(dt) if type(dt) is list else dt for dt in dts]
-        try:
-            pair_code, pairs = pd.factorize(_objects(list(zip(texts, dkeys))))
-            n_pairs = len(pairs)
-        except (TypeError, ValueError):            # an unhashable dtype field: one key per entry
-            pair_code, n_pairs = np.arange(n), n
-        cache = self._bytes_cache
-        firsts = np.full(n_pairs, -1, np.int64)
-        firsts[pair_code[::-1]] = np.arange(n - 1, -1, -1)          # first entry of each distinct pair
-        hits = []
-        for i in firsts.tolist():
-            text, sz, dt = texts[i], c["input_sizes"][i], dts[i]
-            key = (text, _text(dt) if not isinstance(dt, (list, tuple)) else _size_text(dt))
-            hit = cache.get(key)
-            if hit is None:
-                hit = cache[key] = _dtype_and_bytes(sz, tuple(dt) if isinstance(dt, (list, tuple)) else (dt,))
-            hits.append(hit)
-        dtypes_out = np.array([h[0] for h in hits], dtype=object)[pair_code].tolist()
-        nbytes = np.array([h[1] for h in hits], dtype=np.int64)[pair_code]
-        new["size_text"].extend(texts)
-        new["dtype_text"].extend(dtypes_out)
-        new["nbytes"].append(nbytes)
-        frames = {}
-        pending = np.flatnonzero(_objects(states) != "completed")       # the frames kept: unfinished entries only
-        all_frames = c["frames"]
-        for i in pending.tolist():
-            fr = all_frames[i]
-            if fr:
-                frames[(rank, int(record[i]))] = fr
-        local = {key: pd.factorize(_objects(new[key]), use_na_sentinel=False) for key in _CODED}
-        for key, values in new.items():     # nothing failed: commit
-            if key in local:
-                codes, uniq = local[key]
-                table = self._tables[key]
-                lut = np.array([table.setdefault(u, len(table)) for u in uniq], dtype=np.int64)
-                self._parts[key].append(lut[codes] if len(codes) else np.zeros(0, np.int64))
-            else:
-                self._parts[key].extend(values)
-        self.frames.update(frames)
-
-    def finish(self) -> "Entries":
-        parts = self._parts
-        self.n = sum(len(a) for a in parts["rank"])
-
-        def cat(key: str, dtype: Any) -> np.ndarray:
-            return np.concatenate(parts[key]) if parts[key] else np.zeros(0, dtype)
-
-        self.rank, self.record_id, self.cseq = cat("rank", np.int64), cat("record_id", np.int64), cat("cseq", np.int64)
-        self.created, self.started = cat("created", np.int64), cat("started", np.int64)
-        self.completed_ns, self.timeout_ms = cat("completed_ns", np.int64), cat("timeout_ms", np.int64)
-        self.is_p2p, self.nbytes = cat("is_p2p", bool), cat("nbytes", np.int64)
-        def codes(key: str) -> tuple[np.ndarray, list[str]]:
-            table = ["" if u is None else safe_io.clean_text(u) for u in self._tables[key]]
-            return cat(key, np.int64), table
-
-        self.pg_code, self.pg_names = codes("pg_name")
-        self.desc_code, self.descs = codes("pg_desc")
-        self.pn_code, self.pnames = codes("pname")
-        self.state_code, self.states = codes("state")
-        self.thread_code, self.threads = codes("thread")
-        self.site_code, self.sites = codes("site")
-        self.size_code, self.size_texts = codes("size_text")
-        self.dtype_code, self.dtype_texts = codes("dtype_text")
-        self._tables = {}
-        self._parts = {}
-        return self
-
-
-def _texts(values: Any) -> Any:
-    """The values as they are when they are str / int / None (what _factorize
-    handles at C speed), else each coerced to a str."""
-    try:
-        kinds = {type(v) for v in set(values)}
-    except TypeError:          # unhashable: a list or dict where a name should be
-        kinds = {list}
-    if kinds <= {str, int, type(None)}:
-        return values
-    return tuple(_text(v) if not isinstance(v, (str, int)) or isinstance(v, bool) else v for v in values)
 
 
 def _size_text(sz: Any) -> str:

@@ -254,15 +254,17 @@ def events_table(columns: Mapping[str, Any], n: int, dictionary: bool = False) -
             arrays.append(pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, dtype=np.int32)),
                                                          pa.array(["" if value is None else str(value)])))
         elif pa.types.is_integer(dtype):
-            if value is None:
-                arr = np.full(n, -1, dtype=np.int64)
-            elif np.ndim(value) == 0:
-                arr = np.full(n, int(value), dtype=np.int64)
+            narrow = dtype == pa.int32()      # a hostile peer / step / stage must not fail the cast: clipped
+            if value is None or np.ndim(value) == 0:
+                v = -1 if value is None else int(value)
+                if narrow:
+                    v = min(max(v, -(2**31)), 2**31 - 1)
+                arr = np.full(n, v, dtype=np.int32 if narrow else np.int64)
             else:
                 arr = np.asarray(value, dtype=np.int64)
-            if dtype == pa.int32():      # a hostile peer / step / stage must not fail the cast
-                arr = np.clip(arr, -(2**31), 2**31 - 1)
-            arrays.append(pa.array(arr, type=pa.int64()).cast(dtype))
+                if narrow:
+                    arr = np.clip(arr, -(2**31), 2**31 - 1).astype(np.int32)
+            arrays.append(pa.array(arr, type=pa.int32() if narrow else pa.int64()).cast(dtype))
         else:
             if value is None:
                 arr = pa.array(np.full(n, "", dtype=object), type=pa.string())
