@@ -779,7 +779,32 @@ def test_performance_256_ranks_2000_ops_each_names_the_skipper():
     assert elapsed < 10.0, f"diagnose took {elapsed:.1f} s"
     h = headline(d)
     assert (h.kind, h.ranks) == ("hang", [77])
-    assert d.verdict.startswith("HANG: rank 77 never posted all_reduce #499 on dp5[5,13,...,253] "
-                                "(31 of 32 members did) and went on to barrier #1 on world[0-255]")
+    assert d.verdict.startswith("HANG: rank 77 skipped all_reduce on dp5[5,13,...,253] at step 249 (train.py:80, "
+                                "#499 for ranks 5,13,"), d.verdict
+    assert "(31 ranks)) and went on to barrier #1 on world[0-255]" in d.verdict
     assert len(h.to_json()["data"]["waiting_ranks"]) == 255
     assert len(h.evidence) <= 60
+
+
+def test_a_pair_member_that_left_out_the_call_its_partner_is_stuck_in_is_named():
+    """dp group of two: rank 1 leaves out step 2's all_reduce and goes on to the closing barrier, rank 0 is
+    stuck in that all_reduce. 1 of 2 is no majority, and the barrier's 3 of 4 points at rank 0; the step
+    census counts rank 0, still inside step 2, from below (it began the call), and rank 1's own steps 0-1
+    say it always made that call."""
+    groups = {"world": [0, 1, 2, 3], "dp0": [0, 1], "dp1": [2, 3], "tp0": [0, 2], "tp1": [1, 3]}
+    b = TraceBuilder(4, groups=groups)
+    for r in range(4):
+        g = "dp0" if r < 2 else "dp1"
+        for step in range(3):
+            t = 1.0 + step
+            b.collective(r, f"tp{r % 2}", step + 1, start=t - 0.2, end=t - 0.1, call_site="train.py:70", step=step)
+            if r == 1 and step == 2:
+                continue
+            b.collective(r, g, step + 1, start=t, end=None if (r == 0 and step == 2) else t + 0.1,
+                         call_site="train.py:80", step=step)
+        if r != 0:
+            b.collective(r, "world", 1, start=4.0, call_site="train.py:99", step=-1)
+        b.heartbeats(r, 0.0, 12.0)
+    d = diagnose(b.build())
+    assert d.verdict.startswith("HANG: rank 1 skipped all_reduce on dp0[0,1] at step 2 (train.py:80, #3 for rank 0) "
+                                "and went on to all_reduce #1 on world[0-3]"), d.verdict

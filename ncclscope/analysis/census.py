@@ -77,9 +77,13 @@ def step_census_deviations(coll: pd.DataFrame, members: dict[str, list[int]],
     mt = member_table({g: members[g] for g in cells["process_group"].unique()}).rename(columns={"member": "rank"})
     full = cells.merge(mt, on="process_group")
     passed = passed_steps(coll)
-    full = full[full["rank"].map(passed).fillna(-1).to_numpy() >= full["step"].to_numpy()]
     full = full.merge(cnt, on=cell + ["rank"], how="left")
     full["count"] = full["count"].fillna(0).astype(np.int64)
+    # A member still inside the step counts from below: what it began there it issued. It can show that a
+    # member who finished the step issued fewer (a 2-member group whose other member is stuck in the very
+    # call the finished one left out), never that it skipped something itself (dropped below).
+    done = full["rank"].map(passed).fillna(-1).to_numpy() >= full["step"].to_numpy()
+    full = full[done | (full["count"].to_numpy() > 0)].assign(finished=done[done | (full["count"].to_numpy() > 0)])
     spread = full.groupby(cell, sort=False)["count"].agg(["min", "max", "size"])
     bad = spread[(spread["min"] != spread["max"]) & (spread["size"] >= 2)].reset_index()[cell]
     if not len(bad):
@@ -117,6 +121,9 @@ def step_census_deviations(coll: pd.DataFrame, members: dict[str, list[int]],
         return empty
     out = pd.concat(frames, ignore_index=True)
     out["direction"] = np.where(out["count"] < out["expected"], "skipped", "extra")
+    out = out[out["finished"].astype(bool) | (out["direction"] == "extra")]
+    if not len(out):
+        return empty
     # What the others issued there: their first seq and op name, and who they are.
     devs = out[cell + ["rank"]].assign(is_dev=True)
     others = f.merge(devs, on=cell + ["rank"], how="left")

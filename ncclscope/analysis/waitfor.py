@@ -219,8 +219,14 @@ def _shift_finding(ctx: WaitContext, comp: list[int], cycle: list[int], involved
         what = f"skipped {op} on {glabel} at step {step} ({site}" + (f", {seq})" if seq else ")")
     else:
         what = f"issued an extra {op} on {glabel} at step {step} ({site})"
-    title = f"{rank_label(ctx.trace, roots)} {what}: its later {op}s on {g} paired {off} off"
-    title += f", and it went on to {went}" if went else ""
+    coll = ctx.coll
+    later = coll[coll["rank"].isin(roots).to_numpy() & (coll["process_group"] == g).to_numpy()
+                 & (coll["step"].to_numpy() > step)]
+    if len(later) or e["direction"] != "skipped":
+        title = f"{rank_label(ctx.trace, roots)} {what}: its later {op}s on {g} paired {off} off"
+        title += f", and it went on to {went}" if went else ""
+    else:               # nothing later on g to pair off: it left the group's call out and went elsewhere
+        title = f"{rank_label(ctx.trace, roots)} {what}" + (f" and went on to {went}" if went else "")
     if summary:
         title += f"; {summary}"
     # The instance the cycle is blocked on in g (where the shift surfaced), for supporting findings.
