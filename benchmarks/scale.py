@@ -50,8 +50,9 @@ def child(run: str, out: str, profile: bool = False) -> int:
     """In the measured process: load, analyze, write the JSON report plus the timings.
 
     With `profile`, the index views and the hang questions are first built one by one (each
-    timed, with the peak resident memory while it ran, sampled every 20 ms), then the one
-    analysis runs on the warm index: the per-stage rows say where the time and memory go."""
+    timed, with the peak resident memory while it ran: the kernel's high-water mark, reset per
+    stage, else sampled every 20 ms), then the one analysis runs on the warm index: the per-stage
+    rows say where the time and memory go."""
     import resource
     t0 = time.perf_counter()
     from ncclscope.cli import _json_report, run_analyses
@@ -67,32 +68,53 @@ def child(run: str, out: str, profile: bool = False) -> int:
         stages.append(("load", load_s, load_cpu, load_peak, _rss_mb(os.getpid())))
         _stage_line(stages[-1])
         _profile_stages(trace, sampler, stages)
+        sampler.start()
         t2, c2 = time.perf_counter(), time.process_time()     # analyze_s: analysis.run on the warm index
     analysis = run_analyses(trace)
     t3, c3 = time.perf_counter(), time.process_time()
     report = _json_report(trace, analysis)
+    # the stages reset the kernel's high-water mark, which the parent's rusage reads too: say the peak here
+    peak = max([load_peak] + [row[3] for row in stages] + ([sampler.peak] if sampler is not None else []))
     report["timing"] = {"import_s": t1 - t0, "load_s": load_s, "analyze_s": t3 - t2,
                         "load_cpu_s": load_cpu, "analyze_cpu_s": c3 - c2, "load_peak_mb": load_peak,
+                        "peak_mb": peak if sampler is not None else None,
                         "stages": stages, "analyses_s": getattr(analysis, "timings_s", {})}
     Path(out).write_text(json.dumps(report, default=str))
     return 0
 
 
 class _Sampler:
-    """Peak resident memory between two `start()` calls, sampled by a daemon thread."""
+    """Peak resident memory since the last `start()`: the kernel's high-water mark (VmHWM, reset by writing 5
+    to /proc/self/clear_refs) where Linux allows it, so that a spike shorter than a sample counts; else the
+    resident set sampled every 20 ms by a daemon thread."""
 
     def __init__(self) -> None:
         import threading
-        self.peak = 0.0
+        self._peak = 0.0
+        self.exact = _reset_hwm()
         threading.Thread(target=self._run, daemon=True).start()
 
     def _run(self) -> None:
         while True:
-            self.peak = max(self.peak, _rss_mb(os.getpid()))
+            self._peak = max(self._peak, _rss_mb(os.getpid()))
             time.sleep(0.02)
 
+    @property
+    def peak(self) -> float:
+        return max(self._peak, _rss_mb(os.getpid(), "VmHWM:") if self.exact else 0.0)
+
     def start(self) -> None:
-        self.peak = _rss_mb(os.getpid())
+        self.exact = _reset_hwm()
+        self._peak = _rss_mb(os.getpid())
+
+
+def _reset_hwm() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def _profile_stages(trace: object, sampler: _Sampler, stages: list) -> None:
@@ -128,11 +150,11 @@ def _stage_line(row: tuple) -> None:
           file=sys.stderr, flush=True)
 
 
-def _rss_mb(pid: int) -> float:
+def _rss_mb(pid: int, field: str = "VmRSS:") -> float:
     try:
         with open(f"/proc/{pid}/status") as fh:
             for line in fh:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
@@ -218,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         first = int(m.group(1)) if m else None
         named = "yes" if first == hang_rank else f"no: names {first}, skipper is {hang_rank}"
         tm = report.get("timing", {})
+        mb = max(mb, tm.get("peak_mb") or 0.0)       # --profile: the child's own account (see child())
         rows.append((ranks, rows_written, tm.get("load_s", float("nan")), tm.get("analyze_s", float("nan")), wall,
                      tm.get("load_peak_mb", float("nan")), mb, rc, named))
         print(f"  {ranks} ranks: generated {rows_written:,} event rows in {gen_s:.1f} s ({size_gb:.2f} GB; "

@@ -296,3 +296,77 @@ def test_collective_wait_edges_are_the_merge_of_waiters_and_absent_members_witho
     for c in EDGE_COLUMNS:
         assert got[c].astype(str).tolist() == want[c].astype(str).tolist(), c
     assert isinstance(got["process_group"].dtype, pd.CategoricalDtype) and got["waiter"].dtype == np.int64
+
+
+# ---------------------------------------------------------------------------
+# Memory: categorical collective columns, per-op views released after the hang questions
+# ---------------------------------------------------------------------------
+def test_collective_columns_as_sorted_categoricals_act_as_the_plain_strings():
+    from ncclscope.analysis.instances import CAT_COLUMNS, STR_COLUMNS
+    from ncclscope.analysis.labels import plain_str
+    b = small()
+    b.collective(0, "dp0", 2, start=3.0, step=1, call_site="z.py:9")
+    b.collective(1, "dp0", 2, start=3.0, step=1, call_site="a.py:1")
+    b.collective(2, "dp1", 2, start=3.1, step=1, call_site="")
+    trace = b.build()
+    coll = index_of(trace).coll
+    ops = trace.ops
+    sel = ((ops["kind"] == S.KIND_COLLECTIVE) & (ops["collective_seq_id"] >= 0)
+           & (plain_str(ops["process_group"]) != "")).to_numpy()
+    for c in STR_COLUMNS:
+        want = plain_str(ops.loc[sel, c]).reset_index(drop=True)
+        got = coll[c]
+        assert isinstance(got.dtype, pd.CategoricalDtype) == (c in CAT_COLUMNS)
+        assert got.astype("str").tolist() == want.tolist(), c
+        if c in CAT_COLUMNS:
+            cats = [str(x) for x in got.cat.categories]
+            assert cats == sorted(set(want)), c                   # only values present, sorted
+            plain = pd.DataFrame({"k": want, "i": np.arange(len(want))})
+            cat = pd.DataFrame({"k": got, "i": np.arange(len(want))})
+            assert cat.sort_values(["k", "i"])["i"].tolist() == plain.sort_values(["k", "i"])["i"].tolist()
+            assert cat.groupby("k")["i"].sum().tolist() == plain.groupby("k")["i"].sum().tolist()
+            assert (got == "").tolist() == (want == "").tolist()
+
+
+def test_per_op_views_are_released_after_the_hang_questions_and_rebuilt_the_same(monkeypatch):
+    trace = small().build()
+    ix = index_of(trace)
+    before = {v: getattr(ix, v).copy() for v in index_module.ROW_VIEWS}
+    index_module.release_views(trace)                       # a small trace: kept
+    assert all(v in ix.__dict__ for v in index_module.ROW_VIEWS)
+    monkeypatch.setattr(index_module, "BIG_OPS", 1)
+    run(trace)                                              # releases them between hang and performance
+    assert not any(v in ix.__dict__ for v in index_module.ROW_VIEWS)
+    for v, df in before.items():
+        pd.testing.assert_frame_equal(getattr(ix, v), df)    # rebuilt on the next use, the same
+
+
+def _crossed_trace(desc: bool):
+    """Rank 2 calls g1 from the site the others call g2 from and the other way round (a creation-order
+    swap by call site); "tp:0" / "dp:0" style names give the description check something to compare."""
+    groups = {"g1": [0, 1, 2], "g2": [0, 1, 2], "tp:0": [0, 1, 2], "dp:0": [0, 1, 2], "world": [0, 1, 2]}
+    b = TraceBuilder(3, groups=groups)
+    for r in range(3):
+        b.heartbeats(r, 0.0, 9.0)
+        s1, s2 = ("a.py:1", "b.py:2") if r < 2 else ("b.py:2", "a.py:1")
+        for k in range(1, 4):
+            b.collective(r, "g1", k, start=float(k), end=k + 0.2, step=k, call_site=s1)
+            b.collective(r, "g2", k, start=k + 0.3, end=k + 0.5, step=k, call_site=s2)
+            if desc:
+                b.collective(r, "tp:0" if r < 2 else "dp:0", k, start=k + 0.6, end=k + 0.7, step=k, call_site="")
+        b.collective(r, "world", 1, start=5.0, end=5.1, step=4)
+    return b.build()
+
+
+@pytest.mark.parametrize("desc", [False, True])
+def test_creation_order_on_first_rows_is_the_copy_and_drop_duplicates(monkeypatch, desc):
+    from ncclscope.analysis import group_order as GO
+    trace = _crossed_trace(desc)
+    coll = index_of(trace).coll
+    assert GO._first_rows(coll, np.ones(len(coll), dtype=bool)) is not None
+    fast = GO.creation_order_findings(index_of(trace))
+    assert [(f.data.get("basis"), f.ranks) for f in fast] == [("desc" if desc else "call_site", [2])]
+    with monkeypatch.context() as m:
+        m.setattr(GO, "_first_rows", lambda coll, keep: None)              # the plain pandas path
+        slow = GO.creation_order_findings(index_of(trace))
+    assert [f.to_json() for f in fast] == [f.to_json() for f in slow]

@@ -108,3 +108,68 @@ def test_union_length_in_blocks_is_bit_identical(monkeypatch: pytest.MonkeyPatch
         got = bubbles.union_length(key, start, end, 15)
         want = _whole(key, start, end, 15)
         assert got.view(np.int64).tolist() == want.view(np.int64).tolist()
+
+
+def _pipeline_ops(rng: np.random.Generator, n: int) -> pd.DataFrame:
+    """Ops in the loader's shape (categorical strings, int32 tags) for the schedule check: compute spans,
+    p2p ops and others, tagged or not, some ranks outside the pipeline, repeated op ids."""
+    kinds = rng.choice(["compute", "p2p", "collective", "marker"], n, p=[0.4, 0.4, 0.1, 0.1])
+    names = np.where(kinds == "compute", rng.choice(["forward", "backward", "optimizer"], n),
+                     np.where(kinds == "p2p", rng.choice(["isend", "irecv", "send", "recv", "batch"], n),
+                              "all_reduce"))
+    return pd.DataFrame({
+        "rank": rng.integers(0, 5, n).astype(np.int32), "op_id": rng.integers(0, n // 2, n).astype(np.int64),
+        "kind": pd.Categorical(kinds), "op_name": pd.Categorical(names),
+        "peer": rng.integers(-1, 6, n).astype(np.int32), "step": rng.integers(-1, 3, n).astype(np.int32),
+        "stage": rng.integers(-1, 2, n).astype(np.int32), "microbatch": rng.integers(-1, 2, n).astype(np.int32),
+        "start_ns": rng.integers(0, 10**9, n), "call_site": pd.Categorical(rng.choice(["a.py:1", "b.py:2"], n)),
+        "status": pd.Categorical(rng.choice(["ok", "timeout"], n)),
+    })
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_schedule_deviations_on_codes_are_the_merge(seed: int) -> None:
+    from ncclscope.analysis import schedule_check as SC
+    from ncclscope.analysis.schedule_fast import deviating_tokens
+    from ncclscope.schedules import build_schedule
+    rng = np.random.default_rng(seed)
+    ops = _pipeline_ops(rng, 600 if seed else 3)
+    pp_of = {0: 0, 1: 1, 2: 0, 3: 1, 4: -1}
+    exp = SC.expected_table(build_schedule("1f1b", 2, 2, 1), 2, 2)
+    got = deviating_tokens(ops, pp_of, exp, 2)
+    want = SC._deviating_tokens_merge(ops, pp_of, exp, 2)
+    assert got is not None and list(got.columns) == list(want.columns)
+    assert len(got) == len(want)
+    for c in want.columns:
+        a, b = got[c].astype(object).tolist(), want[c].astype(object).tolist()
+        assert all(x == y or (pd.isna(x) and pd.isna(y)) for x, y in zip(a, b)), c
+    plain = ops.assign(kind=ops["kind"].astype(str))
+    assert deviating_tokens(plain, pp_of, exp, 2) is None       # not categorical: the merge path
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_inflight_join_on_packed_keys_is_merge_asof(seed: int) -> None:
+    from ncclscope.analysis import utilization as U
+    rng = np.random.default_rng(seed)
+    n, k = 400, 150
+    start = rng.integers(1000, 1300, n)
+    ops = pd.DataFrame({
+        "rank": rng.integers(0, 4, n).astype(np.int32),
+        "kind": pd.Categorical(rng.choice(["compute", "p2p", "collective"], n)),
+        "op_name": pd.Categorical(rng.choice(["forward", "isend", "all_reduce"], n)),
+        "process_group": pd.Categorical(rng.choice(["", "dp0", "pp1"], n)),
+        "peer": rng.integers(-1, 4, n).astype(np.int32),
+        "start_ns": start, "end_ns": np.where(rng.random(n) < 0.1, -1, start + rng.integers(0, 40, n)),
+    })
+    samples = pd.DataFrame({"rank": rng.integers(0, 5, k).astype("int64"), "time_ns": rng.integers(990, 1400, k),
+                            "util": rng.random(k) * 10})
+    got = U._join_inflight(samples, ops)
+    pd.testing.assert_frame_equal(got, U._join_inflight_merge(samples, ops), check_exact=True)
+    plain = ops.astype({"op_name": object, "process_group": object, "kind": object})   # labels from values
+    pd.testing.assert_frame_equal(U._join_inflight(samples, plain), U._join_inflight_merge(samples, plain))
+    in_order = ops.sort_values(["rank", "start_ns"], kind="stable").reset_index(drop=True)   # the loader's order
+    pd.testing.assert_frame_equal(U._join_inflight(samples, in_order), U._join_inflight_merge(samples, in_order),
+                                  check_exact=True)
+    series = samples.sort_values(["rank", "time_ns"]).reset_index(drop=True)     # _util_series' order
+    pd.testing.assert_frame_equal(U._join_inflight(series, in_order), U._join_inflight_merge(series, in_order),
+                                  check_exact=True)

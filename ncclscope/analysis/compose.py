@@ -112,11 +112,13 @@ def compose_verdict(diagnosis: "Diagnosis | None", perf_findings: list[Finding],
 def run(trace: "Trace", *, hang: bool = True, performance: bool = True) -> Analysis:
     """Run every analysis on `trace` once and compose the one verdict every face shows."""
     from .diagnose import diagnose
+    from .index import release_views
     from .performance import analyze_performance
 
     errors: list[str] = []
     timings: dict[str, float] = {}
     diagnosis = _guard(errors, timings, "hang diagnosis", lambda: diagnose(trace)) if hang else None
+    release_views(trace)        # the performance analyses read the tables, not the index's per-op views
     perf = _guard(errors, timings, "performance", lambda: analyze_performance(trace)) if performance else None
     if perf is not None:
         errors += [e for e in perf.errors if "\n" not in e]

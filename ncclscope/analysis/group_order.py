@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pandas as pd
 
 from ..findings import Evidence, Finding, InstanceRef
@@ -57,13 +58,50 @@ def creation_order_findings(source: IndexLike) -> list[Finding]:
         return []
     skip = [g for g, k in ix.kinds.items() if k in _SKIP_KINDS]
     keep = ~coll["process_group"].isin(skip).to_numpy()
-    use = coll.loc[keep, ["rank", "process_group", "call_site", "op_name", "collective_seq_id", "op_id", "start_ns"]]
-    if not len(use):
+    if not keep.any():
         return []
-    found = _by_desc(ix, use)
+    cache: dict[str, pd.DataFrame] = {}
+
+    def full() -> pd.DataFrame:        # every kept row: only the few findings' evidence reads it
+        if "use" not in cache:
+            cache["use"] = coll.loc[keep, USE_COLUMNS]
+        return cache["use"]
+
+    firsts = _first_rows(coll, keep)
+    if firsts is None:
+        users = sites = full()
+    else:
+        users, sites = (coll.iloc[p][USE_COLUMNS] for p in firsts)
+    found = _by_desc(ix, users, full)
     named = {r for f in found for r in f.ranks}
-    found += [f for f in _by_call_site(ix, use) if not set(f.ranks) & named]
+    found += [f for f in _by_call_site(ix, sites, full) if not set(f.ranks) & named]
     return found[:MAX_FINDINGS]
+
+
+USE_COLUMNS = ["rank", "process_group", "call_site", "op_name", "collective_seq_id", "op_id", "start_ns"]
+
+
+def _first_rows(coll: pd.DataFrame, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """Positions of the kept rows that are the first of their (group, rank), and of their (group, rank,
+    call site) among those with a call site: the rows `drop_duplicates` keeps, found on integer codes, so
+    that the 2 M collective rows are not copied to be de-duplicated. None (the caller copies) when the
+    group or call-site codes are not at hand or do not pack into one int64."""
+    if "gid" not in coll or not isinstance(coll["call_site"].dtype, pd.CategoricalDtype):
+        return None
+    pos = np.flatnonzero(keep)
+    gid = coll["gid"].to_numpy()[pos].astype(np.int64)
+    rank = coll["rank"].to_numpy()[pos].astype(np.int64)
+    cs = coll["call_site"].cat.codes.to_numpy()[pos].astype(np.int64)
+    n_r = int(rank.max()) - int(rank.min()) + 1
+    n_c = len(coll["call_site"].cat.categories) + 1
+    if (cs < 0).any() or float(int(gid.max()) + 1) * n_r * n_c >= 2.0 ** 62:
+        return None
+    gr = gid * n_r + (rank - int(rank.min()))
+    users = pos[np.sort(np.unique(gr, return_index=True)[1])]
+    named = np.asarray([str(c) != "" for c in coll["call_site"].cat.categories], dtype=bool)[cs]
+    grs = gr[named] * n_c + cs[named]
+    sites = pos[named][np.sort(np.unique(grs, return_index=True)[1])]
+    return users, sites
 
 
 # --------------------------------------------------------------------------
@@ -79,7 +117,7 @@ def _split_label(label: str) -> tuple[str, str] | None:
     return (desc, name) if desc and name else None
 
 
-def _by_desc(ix: TraceIndex, use: pd.DataFrame) -> list[Finding]:
+def _by_desc(ix: TraceIndex, use: pd.DataFrame, full) -> list[Finding]:
     users = use.drop_duplicates(["process_group", "rank"])[["process_group", "rank"]]
     parts = {g: _split_label(g) for g in users["process_group"].unique()}
     parts = {g: p for g, p in parts.items() if p is not None}
@@ -121,7 +159,7 @@ def _by_desc(ix: TraceIndex, use: pd.DataFrame) -> list[Finding]:
         shown = [f"its group {c['name']} is {c['my_desc']}, that of {rank_label(ix.trace, c['their_ranks'])} "
                  f"{c['their_desc']}" for c in crossed]
         title = _title(ix, r, "the same group names describe other groups on it", shown)
-        out.append(_finding(ix, use, r, crossed, title, "desc"))
+        out.append(_finding(ix, full(), r, crossed, title, "desc"))
     return out
 
 
@@ -132,7 +170,7 @@ def _name_key(name: str) -> tuple[int, int | str]:
 # --------------------------------------------------------------------------
 # Call sites crossed between groups
 # --------------------------------------------------------------------------
-def _by_call_site(ix: TraceIndex, use: pd.DataFrame) -> list[Finding]:
+def _by_call_site(ix: TraceIndex, use: pd.DataFrame, full) -> list[Finding]:
     u = use[use["call_site"].astype(str) != ""].drop_duplicates(["process_group", "rank", "call_site"])
     if not len(u):
         return []
@@ -180,7 +218,7 @@ def _by_call_site(ix: TraceIndex, use: pd.DataFrame) -> list[Finding]:
                  f" from {cr['their_site']}" for cr in crossed]
         title = _title(ix, r, "its calls from each call site land on a group the others call from another site",
                        shown)
-        out.append(_finding(ix, use, r, crossed, title, "call_site"))
+        out.append(_finding(ix, full(), r, crossed, title, "call_site"))
     return out
 
 

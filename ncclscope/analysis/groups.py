@@ -271,7 +271,7 @@ def find_wrong_group(source: IndexLike, max_findings: int = 16) -> list[Finding]
         site_kind = _site_kinds(coll, c, kind)
         g_kind = kind(c["process_group"])
         tie_ok = (h_frac == g_frac) & (c["ref_call_site"] != "") \
-            & (c["ref_call_site"].map(site_kind) == g_kind) & (c["wrong_kind"] != g_kind)
+            & (c["ref_call_site"].astype("str").map(site_kind) == g_kind) & (c["wrong_kind"] != g_kind)
         c = c[(h_frac < g_frac) | tie_ok]
     c = c.sort_values("start_ns").drop_duplicates(["process_group", "seq", "rank"])
     findings = []

@@ -69,6 +69,23 @@ def release_heap(trace: "Trace | None") -> None:
         _trim()
 
 
+ROW_VIEWS = ("coll", "p2p", "p2p_pairs")   # the index's views with a row per op: the hang questions' working set
+
+
+def release_views(trace: "Trace | None", names: tuple[str, ...] = ROW_VIEWS) -> None:
+    """Drop the index's per-op views of a big trace once the hang questions are done with them, so that they
+    do not sit under every later analysis (on 10 M events: coll, p2p and p2p_pairs are ~0.6 GB). A dropped
+    view is rebuilt, the same, on its next use. A no-op on small traces (rebuilding is not worth it there)."""
+    ops = getattr(trace, "ops", None)
+    store = getattr(trace, "__dict__", None) or {}
+    ix = store.get(_ATTR)
+    if ix is None or ops is None or len(ops) < BIG_OPS:
+        return
+    for name in names:
+        ix.__dict__.pop(name, None)
+    _trim()
+
+
 class IndexLookupError(LookupError):
     """Something asked of the index is not in this trace; the message says what is there instead."""
 
@@ -192,7 +209,8 @@ class TraceIndex:
     # ---- collectives ---------------------------------------------------------
     @cached_property
     def coll(self) -> pd.DataFrame:
-        """The collective ops (plain strings, int64 rank/seq, `gid` group code), sorted by rank, start."""
+        """The collective ops (int64 rank/seq, `gid` group code; string columns as sorted categoricals, except
+        `process_group`: instances.collective_ops), sorted by rank, start."""
         out = collective_ops(self.trace.ops)
         release_heap(self.trace)
         return out
@@ -318,6 +336,17 @@ def index_of(trace: Trace) -> TraceIndex:
     if ix is None or ix._key != _fingerprint(trace):
         ix = TraceIndex(trace)
         store[_ATTR] = ix
+    return ix
+
+
+def seed_index(trace: Trace, views: dict) -> TraceIndex:
+    """The trace's index with some views already filled in (`--follow` extends them from the last poll's:
+    tui/follow_index.py); the others are computed on first use as usual. Only `cached_property` views."""
+    ix = index_of(trace)
+    for name, value in views.items():
+        if not isinstance(getattr(TraceIndex, name, None), cached_property):
+            raise IndexLookupError(f"{name!r} is not a view of the index")
+        ix.__dict__[name] = value
     return ix
 
 

@@ -3,7 +3,8 @@
 Nothing here knows about findings, groups' checks or the index: how ranks,
 groups and durations are written in titles (`rank_label`, `group_label`,
 `fmt_ranks`, `seconds`), the vectorised majority vote every deviation check
-uses, and plain-string decoding of the loader's categorical columns.
+uses, plain-string decoding of the loader's categorical columns, and
+`sorted_categorical` (a column as a categorical of its values, in sorted order).
 Keeping them in one leaf module is what lets collectives, groups, p2p and the
 wait-for graph import each other's ideas without an import cycle.
 """
@@ -142,4 +143,25 @@ def take_str(s: pd.Series, mask: np.ndarray) -> np.ndarray:
     """The few rows of a (possibly Arrow-backed) string column under a boolean mask, as a numpy array:
     select first, convert after (converting a 2-million-row column to pick 100 names costs 0.2 s)."""
     return s.iloc[np.flatnonzero(mask)].to_numpy()
+
+
+def sorted_categorical(s: pd.Series) -> pd.Categorical:
+    """A string column as a categorical of its values ("" for nulls) whose categories are the values present,
+    in sorted order: sorting and grouping by it order rows as by the plain strings, comparing it with a
+    string compares values. Built from the codes of a categorical input: nothing is decoded per row."""
+    if isinstance(s.dtype, pd.CategoricalDtype):
+        codes, cats = s.cat.codes.to_numpy(), s.cat.categories
+    else:
+        codes, cats = pd.factorize(s.astype("str"))
+    names = np.asarray([str(c) for c in cats] + [""], dtype=object)     # code -1 (null) -> ""
+    codes = np.where(codes < 0, len(names) - 1, codes)
+    used = np.flatnonzero(np.bincount(codes, minlength=len(names))) if len(codes) else np.zeros(0, dtype=np.int64)
+    vals = names[used]
+    uniq, inv = np.unique(vals.astype(str), return_inverse=True) if len(vals) else (np.zeros(0, dtype=str),
+                                                                                    np.zeros(0, dtype=np.int64))
+    remap = np.full(len(names), -1, dtype=np.int64)
+    remap[used] = inv.reshape(-1)
+    small = np.int8 if len(uniq) < 127 else np.int16 if len(uniq) < 32_000 else np.int32
+    return pd.Categorical.from_codes(remap[codes].astype(small),
+                                     categories=pd.Index([str(u) for u in uniq], dtype="str"))
 

@@ -35,6 +35,7 @@ from ..schedules import BACKWARD, FORWARD, build_schedule, stage_to_rank
 from .index import IndexLike, as_index
 from .labels import rank_label
 from .p2p_pairs import direction
+from .schedule_fast import deviating_tokens
 
 COMPUTE_KIND = {"forward": FORWARD, "backward": BACKWARD}
 MAX_SHOWN = 3                     # deviating ranks listed in the data
@@ -154,16 +155,10 @@ def find_schedule_deviations(source: IndexLike) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     pp_of = {int(r): int(info.coords.get("pp", -1)) for r, info in trace.ranks.items()
              if isinstance(getattr(info, "coords", None), dict)}
-    obs = observed_tokens(trace.ops, pp_of)
-    if not len(obs):
-        return pd.DataFrame(columns=cols)
-    obs["pp_rank"] = obs["rank"].map(pd.Series(pp_of, dtype="int64")).fillna(-1).astype("int64")
-    obs = obs[obs["pp_rank"].between(0, p - 1)]
     exp = expected_table(plan, p, p * v)
-    j = obs.merge(exp, on=["pp_rank", "pos"], how="left")
-    bad = (j["e_what"].isna() | (j["what"] != j["e_what"]) | (j["peer_pp"] != j["e_peer"])
-           | (j["stage"] != j["e_stage"]) | (j["microbatch"] != j["e_mb"]))
-    j = j[bad.to_numpy()]
+    j = deviating_tokens(trace.ops, pp_of, exp, p)
+    if j is None:
+        j = _deviating_tokens_merge(trace.ops, pp_of, exp, p)
     if not len(j):
         return pd.DataFrame(columns=cols)
     first = j.sort_values("pos", kind="stable").drop_duplicates(["rank", "step"])
@@ -177,6 +172,20 @@ def find_schedule_deviations(source: IndexLike) -> pd.DataFrame:
                      "observed": tok.describe(), "expected": e.describe() if e else "nothing more in this step",
                      "pp_rank": int(d.pp_rank), "schedule": name})
     return pd.DataFrame(rows, columns=cols).sort_values(["start_ns", "rank"], kind="stable").reset_index(drop=True)
+
+
+def _deviating_tokens_merge(ops: pd.DataFrame, pp_of: dict[int, int], exp: pd.DataFrame, p: int) -> pd.DataFrame:
+    """The observed tokens (pipeline ranks 0..p-1 only) that differ from `exp` at their position, joined with
+    what `exp` has there (e_* columns, NaN past the end of the schedule): the pandas path."""
+    obs = observed_tokens(ops, pp_of)
+    if not len(obs):
+        return obs
+    obs["pp_rank"] = obs["rank"].map(pd.Series(pp_of, dtype="int64")).fillna(-1).astype("int64")
+    obs = obs[obs["pp_rank"].between(0, p - 1)]
+    j = obs.merge(exp, on=["pp_rank", "pos"], how="left")
+    bad = (j["e_what"].isna() | (j["what"] != j["e_what"]) | (j["peer_pp"] != j["e_peer"])
+           | (j["stage"] != j["e_stage"]) | (j["microbatch"] != j["e_mb"]))
+    return j[bad.to_numpy()]
 
 
 def analyze_schedule(source: IndexLike) -> list[Finding]:

@@ -35,7 +35,7 @@ def _util_series(trace: Trace) -> tuple[pd.DataFrame, str]:
     s = trace.samples
     if not len(s):
         return pd.DataFrame(columns=["rank", "time_ns", "util"]), ""
-    nvml = s["source"].astype(str) == "nvml"
+    nvml = s["source"] == "nvml"                 # on the categorical as it is: no string per sample
     util = np.where(nvml, s["gpu_util"], s["cpu_percent"])
     source = "nvml gpu_util" if nvml.any() else "host cpu_percent"
     out = pd.DataFrame({"rank": s["rank"].astype("int64"), "time_ns": s["time_ns"], "util": util})
@@ -61,7 +61,7 @@ def analyze_utilization(trace: Trace, idle_pct: float = 10.0) -> UtilResult:
     if len(series):
         g = series.groupby("rank")["util"]
         st = pd.DataFrame({"samples": g.size(), "util_mean": g.mean(), "util_p10": g.quantile(0.1),
-                           "idle_frac": series.assign(i=series["util"] < idle_pct).groupby("rank")["i"].mean()})
+                           "idle_frac": (series["util"] < idle_pct).groupby(series["rank"]).mean()})
         per = per.join(st, how="outer")
         idle = series[series["util"] < idle_pct]
         res.idle = _join_inflight(idle, ops)
@@ -75,13 +75,85 @@ def analyze_utilization(trace: Trace, idle_pct: float = 10.0) -> UtilResult:
     return res
 
 
+WAIT_COLUMNS = ["rank", "time_ns", "util", "waiting_on"]
+
+
 def _join_inflight(samples: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     """Each sample -> the latest-started op on its rank still running at that time.
 
     As-of join on start time, then a check that the op had not ended; an op
     nested inside a longer one may hide the outer one, an accepted blur.
-    Labels are built per distinct (op, group, peer), not per sample."""
-    cols = ["rank", "time_ns", "util", "waiting_on"]
+    Labels are built per distinct (op, group, peer), not per sample.
+
+    The as-of join is one searchsorted over (rank, start) packed into one int64, and only the ops the
+    running samples land on are taken (`_join_inflight_merge`, the pandas merge_asof, is kept for the
+    inputs that do not pack; tests/test_scale_paths.py compares the two)."""
+    if not len(samples):
+        return pd.DataFrame(columns=WAIT_COLUMNS)
+    t = samples["time_ns"].to_numpy()
+    srank = samples["rank"].to_numpy().astype(np.int64)
+    orank = ops["rank"].to_numpy()
+    st, en = ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy()
+    if not len(st) or t.dtype.kind != "i" or st.dtype.kind != "i":
+        return _join_inflight_merge(samples, ops)
+    lo, hi = int(t.min()), int(t.max())
+    near = np.flatnonzero((st <= hi) & ((en < 0) | (en >= lo)))
+    if not len(near):
+        return _join_inflight_merge(samples, ops)
+    rk = orank[near].astype(np.int64)
+    r0, r1 = min(int(rk.min()), int(srank.min())), max(int(rk.max()), int(srank.max()))
+    t0 = min(int(st[near].min()), lo)
+    width = max(hi, int(st[near].max())) - t0 + 1
+    if float(width) * float(r1 - r0 + 1) >= 2.0**62:
+        return _join_inflight_merge(samples, ops)
+    okey = (rk - r0) * width + (st[near] - t0)
+    del rk
+    if len(okey) > 1 and not bool((okey[1:] >= okey[:-1]).all()):
+        order = np.argsort(okey, kind="stable")       # (rank, start); ties keep ops order, as merge_asof's right
+        okey = okey[order]
+        near = near[order]
+        del order
+    rows = near                                       # ops already in (rank, start) order: no sort, no copies
+    del near
+    ts, rs = t, srank                                 # the samples in their own order: no copy of them
+    at = np.searchsorted(okey, (rs - r0) * width + (ts - t0), side="right") - 1
+    hit = at >= 0
+    hit[hit] = (okey[at[hit]] // width) == (rs[hit] - r0)      # the op found is on the sample's rank
+    del okey
+    op = rows[np.where(hit, at, 0)]
+    del rows, at
+    running = hit & ((en[op] < 0) | (en[op] >= ts))
+    take = op[running]
+    jr = pd.DataFrame({c: ops[c].array.take(take) if isinstance(ops[c].dtype, pd.CategoricalDtype)
+                       else ops[c].to_numpy()[take] for c in ("op_name", "process_group", "kind")})
+    jr["peer"] = ops["peer"].to_numpy()[take].astype("int64")
+    out = np.full(len(ts), "outside traced ops", dtype=object)
+    if running.any():
+        out[running] = _running_labels(jr)
+    del jr, take, op, hit, running
+    # (rank, time) order, ties in input order: what sorting by time, then by (rank, time), both stable, gives
+    ordered = len(rs) < 2 or bool(((rs[1:] > rs[:-1]) | ((rs[1:] == rs[:-1]) & (ts[1:] >= ts[:-1]))).all())
+    order = slice(None) if ordered else np.lexsort((ts, rs))
+    return pd.DataFrame({"rank": samples["rank"].to_numpy()[order], "time_ns": ts[order],
+                         "util": samples["util"].to_numpy()[order], "waiting_on": out[order]})
+
+
+def _running_labels(j: pd.DataFrame) -> np.ndarray:
+    """The label of each row of `j` (op_name, process_group, kind, peer of the op a sample landed on)."""
+    coded = _labels_by_codes(j, np.ones(len(j), dtype=bool))
+    if coded is not None:
+        return coded
+    key = j[["op_name", "process_group", "kind", "peer"]].astype(
+        {"op_name": object, "process_group": object, "kind": object})
+    uniq = key.drop_duplicates()
+    labels = [_label(n, g, k, pe) for n, g, k, pe in uniq.itertuples(index=False)]
+    lab = pd.Series(labels, index=pd.MultiIndex.from_frame(uniq), dtype=object)
+    return lab.reindex(pd.MultiIndex.from_frame(key)).to_numpy()
+
+
+def _join_inflight_merge(samples: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
+    """`_join_inflight` with pandas' merge_asof (the path for inputs whose keys do not pack)."""
+    cols = WAIT_COLUMNS
     if not len(samples):
         return pd.DataFrame(columns=cols)
     cols_w = ["rank", "start_ns", "end_ns", "op_name", "process_group", "peer", "kind"]

@@ -61,7 +61,7 @@ def collective_edges(blocking: pd.DataFrame, coll: pd.DataFrame, members: pd.Dat
                         ["process_group", "collective_seq_id", "rank", "status"]].rename(
             columns={"collective_seq_id": "seq", "rank": "member", "status": "member_status"})
         died = died.merge(stat, on=["process_group", "seq", "member"], how="left")
-        died = died[died["member_status"].fillna("") != S.STATUS_OK].assign(reason="died in it")
+        died = died[died["member_status"].astype(object).fillna("") != S.STATUS_OK].assign(reason="died in it")
         m = pd.concat([m[~m["began"]], died.drop(columns="member_status")], ignore_index=True)
     else:
         m = m[~m["began"]]

@@ -46,7 +46,7 @@ def find_wrong_group_by_site(source: IndexLike, max_findings: int = 16) -> list[
     site_kind = dict(zip(top["call_site"], top["kind"]))
     if len(site_kind) < 2:
         return []
-    c = c.assign(site_kind=c["call_site"].map(site_kind))
+    c = c.assign(site_kind=c["call_site"].astype("str").map(site_kind))
     odd = c[c["site_kind"].notna() & (c["site_kind"] != c["kind"])]
     findings: list[Finding] = []
     for r in odd.sort_values("start_ns").itertuples(index=False):
