@@ -14,6 +14,12 @@ when their size or mtime changes.
         if f.poll():
             trace = f.trace()          # a ncclscope.trace.Trace, like trace.load()
         time.sleep(1)
+
+`trace()` is incremental (the default; tui/follow_trace.py): the appended rows
+extend the last poll's tables, begin/end join and index views instead of a
+whole `trace.assemble` and a fresh index per poll; `Follower(path,
+incremental=False)` does the whole rebuild, the reference the tests hold the
+incremental one to (tests/test_follow_incremental.py).
 """
 from __future__ import annotations
 
@@ -37,10 +43,13 @@ _PARSE_ERRORS = (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError)
 class StreamTail:
     """One append-only Arrow IPC stream, read from where the last poll stopped."""
 
-    def __init__(self, path: Path, schema: pa.Schema) -> None:
+    def __init__(self, path: Path, schema: pa.Schema, keep: bool = True) -> None:
         self.path = path
         self.schema = schema                  # what the analyzer wants (files are conformed to it)
+        self.keep = keep                      # keep every table read (`table()`); else only `take_fresh`
+        self.generation = 0                   # +1 each time the file is found recreated
         self._reset()
+        self.generation = 0
 
     def _reset(self) -> None:
         self.pos = 0                          # bytes consumed: always at a message boundary
@@ -50,7 +59,9 @@ class StreamTail:
         self.error = ""
         self._tables: list[pa.Table] = []
         self._cached: pa.Table | None = None
+        self._fresh: list[tuple[pa.Table, list[int]]] = []    # read since the last take_fresh, batch lengths
         self.rows = 0
+        self.generation += 1
 
     def poll(self) -> int:
         """Read complete batches appended since the last call; return how many rows they hold."""
@@ -91,12 +102,22 @@ class StreamTail:
         self.pending = size - self.pos
         n = sum(len(b) for b in batches)
         if batches:
-            self._tables.append(pa.Table.from_batches(batches, schema=self.file_schema))
-            if len(self._tables) > 32:        # keep the chunk count bounded on long follows
-                self._tables = [pa.concat_tables(self._tables).combine_chunks()]
-            self._cached = None
+            table = pa.Table.from_batches(batches, schema=self.file_schema)
+            if not self.keep:
+                self._fresh.append((table, [len(b) for b in batches]))
+            else:
+                self._tables.append(table)
+                if len(self._tables) > 32:    # keep the chunk count bounded on long follows
+                    self._tables = [pa.concat_tables(self._tables).combine_chunks()]
+                self._cached = None
             self.rows += n
         return n
+
+    def take_fresh(self, warnings: list[str]) -> list[tuple[pa.Table, list[int]]]:
+        """The tables read since the last call (conformed to the analyzer's schema), with their batch lengths."""
+        fresh, self._fresh = self._fresh, []
+        return [(t if t.schema.equals(self.schema, check_metadata=True)
+                 else conform_table(t, self.schema, self.path, warnings), lengths) for t, lengths in fresh]
 
     def table(self, warnings: list[str]) -> pa.Table:
         """Everything read so far, conformed to the analyzer's schema."""
@@ -141,14 +162,21 @@ def _int(v: Any, default: int = -1) -> int:
 
 
 class Follower:
-    """Follows a run directory; `poll()` says whether anything changed, `trace()` builds the Trace."""
+    """Follows a run directory; `poll()` says whether anything changed, `trace()` builds the Trace.
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    `incremental=True` (the TUI's): `trace()` extends the last poll's tables, ops join and index
+    views from the appended batches (follow_trace.py); `incremental=False` assembles a whole new
+    Trace from everything read (`trace.assemble`), the reference the incremental one must equal."""
+
+    def __init__(self, path: str | os.PathLike[str], incremental: bool = True) -> None:
         self.root = Path(path)
         self.run: dict[str, Any] = {}
         self._run_sig = (-1, -1)
         self.ranks: dict[int, _Rank] = {}
         self._trace: Trace | None = None
+        self.incremental = incremental
+        self._live: Any = None
+        self._views: tuple[tuple, GroupViews, list[str]] | None = None
 
     @property
     def ended(self) -> bool:
@@ -171,7 +199,8 @@ class Follower:
             if r >= 0 and r not in self.ranks:
                 d = Path(e.path)
                 self.ranks[r] = _Rank(dir=d, tails={
-                    name: StreamTail(d / name, schema) for name, schema in S.TABLE_SCHEMAS.items()})
+                    name: StreamTail(d / name, schema, keep=not self.incremental)
+                    for name, schema in S.TABLE_SCHEMAS.items()})
                 changed = True
         total = len(self.ranks)
         for i, (r, rk) in enumerate(sorted(self.ranks.items())):
@@ -186,7 +215,8 @@ class Follower:
                 rk.stacks = (rk.dir / S.STACKS_FILE).read_text(errors="replace") if size >= 0 else ""
                 changed = True
             for tail in rk.tails.values():
-                if tail.poll():
+                gen = tail.generation
+                if tail.poll() or tail.generation != gen:     # new rows, or a recreated file
                     changed = True
             if progress is not None and (i % 32 == 0 or i == total - 1):
                 progress(i + 1, total)
@@ -202,33 +232,53 @@ class Follower:
         """The Trace of everything read so far (cached until the next change)."""
         if self._trace is not None:
             return self._trace
+        world, infos, views, warnings = self._meta()
+        stacks = {r: rk.stacks for r, rk in self.ranks.items() if rk.stacks_size >= 0}
+        if self.incremental:
+            from .follow_trace import LiveTrace
+            if self._live is None:
+                self._live = LiveTrace()
+            try:
+                self._trace = self._live.build(self, world, infos, views, stacks, warnings)
+            except BaseException:
+                # half-extended state must not be extended again: read every file afresh at the next poll
+                self._live = None
+                for rk in self.ranks.values():
+                    for tail in rk.tails.values():
+                        tail._reset()
+                raise
+            return self._trace
+        events, metrics, samples = [], [], []
+        for r, rk in sorted(self.ranks.items()):
+            events.append(force_rank(rk.tails[S.EVENTS_FILE].table(warnings), r))
+            metrics.append(force_rank(rk.tails[S.METRICS_FILE].table(warnings), r))
+            samples.append(force_rank(rk.tails[S.SAMPLES_FILE].table(warnings), r))
+        self._trace = assemble(self.root, self.run, world, infos, events, metrics, samples, None, stacks,
+                               warnings, group_views=views)
+        return self._trace
+
+    @property
+    def index_timings(self) -> dict[str, Any]:
+        """How the last incremental trace was built (full or merged views, seconds per stage)."""
+        return dict(self._live.timings) if self._live is not None else {}
+
+    def _meta(self) -> tuple[int, dict[int, RankInfo], GroupViews, list[str]]:
+        """(world size, rank infos, group views, warnings): what both builds read besides the tables."""
         warnings: list[str] = []
         world = max([_int(self.run.get("world_size"), 0)] + [_int(rk.meta.get("world_size"), 0)
                                                              for rk in self.ranks.values()]
                     + [max(self.ranks, default=-1) + 1])
         exits = self.run.get("ranks") if isinstance(self.run.get("ranks"), dict) else {}
         infos: dict[int, RankInfo] = {}
-        events, metrics, samples = [], [], []
-        views = GroupViews()
         for r, rk in sorted(self.ranks.items()):
             infos[r] = _rank_info(r, rk.meta)
-            gpath = rk.dir / S.GROUPS_JSON
-            if gpath.exists():
-                try:
-                    views.add(r, gpath.read_bytes(), warnings, gpath)
-                except OSError:
-                    pass   # being replaced right now: the next poll reads it
-            elif isinstance(rk.meta.get("groups"), list):
-                views.add(r, rk.meta["groups"], warnings, rk.dir / S.RANK_JSON)
-            events.append(force_rank(rk.tails[S.EVENTS_FILE].table(warnings), r))
-            metrics.append(force_rank(rk.tails[S.METRICS_FILE].table(warnings), r))
-            samples.append(force_rank(rk.tails[S.SAMPLES_FILE].table(warnings), r))
             for name, tail in rk.tails.items():
                 if tail.error:
                     warnings.append(f"{tail.path}: {tail.error}; skipped")
                 elif tail.pending and self.ended:
                     warnings.append(f"{tail.path}: torn batch at the end ({tail.pending} bytes); kept the "
                                     f"{tail.rows} complete rows")
+        views = self._group_views(warnings)
         for r in range(world):
             if r not in infos:
                 infos[r] = RankInfo(rank=r, present=False)
@@ -238,10 +288,29 @@ class Follower:
                 infos[r].exitcode = code if isinstance(code, int) else None
                 infos[r].signal = str(ex["signal"]) if ex.get("signal") else None
                 infos[r].stopped_by_launcher = bool(ex.get("stopped_by_launcher", False))
-        stacks = {r: rk.stacks for r, rk in self.ranks.items() if rk.stacks_size >= 0}
-        self._trace = assemble(self.root, self.run, world, infos, events, metrics, samples, None, stacks,
-                               warnings, group_views=views)
-        return self._trace
+        return world, infos, views, warnings
+
+    def _group_views(self, warnings: list[str]) -> GroupViews:
+        """Every rank's group view (groups.json, else rank.json's list); re-read only when a file changed."""
+        key = tuple((r, _sig(rk.dir / S.GROUPS_JSON), rk.meta_sig) for r, rk in sorted(self.ranks.items()))
+        if self.incremental and self._views is not None and self._views[0] == key:
+            warnings += self._views[2]
+            return self._views[1]
+        mine: list[str] = []
+        views = GroupViews()
+        complete = True
+        for r, rk in sorted(self.ranks.items()):
+            gpath = rk.dir / S.GROUPS_JSON
+            if gpath.exists():
+                try:
+                    views.add(r, gpath.read_bytes(), mine, gpath)
+                except OSError:
+                    complete = False   # being replaced right now: the next poll reads it
+            elif isinstance(rk.meta.get("groups"), list):
+                views.add(r, rk.meta["groups"], mine, rk.dir / S.RANK_JSON)
+        self._views = (key, views, mine) if complete else None
+        warnings += mine
+        return views
 
 
 def _rank_info(r: int, meta: dict[str, Any]) -> RankInfo:

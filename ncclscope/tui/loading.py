@@ -77,7 +77,8 @@ class LoadingMixin:
         progress("", None, None)
         while follower is not None and not self._stop.wait(self.poll_s) and not worker.is_cancelled:
             try:
-                # each poll reads only the appended batches; the composer runs at most once per poll
+                # each poll reads only the appended batches and extends the last poll's trace and index
+                # views from them (Follower is incremental: follow_trace.py); the composer runs at most once per poll
                 if follower.poll():
                     self._analyse(follower.trace(), not follower.ended)
             except Exception as exc:  # keep following: the next poll may read a complete file
