@@ -282,6 +282,19 @@ def build_ops(events: pd.DataFrame) -> pd.DataFrame:
     del key, end_rows, order, ekeys, erows, bkeys, last, is_begin, is_end
     if "pos" in locals():
         del pos
+    ops = ops_from_join(events, begin_rows, match, found)
+    r, st = ops["rank"].to_numpy(), ops["start_ns"].to_numpy()
+    ordered = len(ops) < 2 or bool(np.all((r[1:] > r[:-1]) | ((r[1:] == r[:-1]) & (st[1:] >= st[:-1]))))
+    if not ordered:   # clocks stepped backwards, or rows appended out of order
+        ops = ops.sort_values(["rank", "start_ns", "op_id"], kind="stable").reset_index(drop=True)
+    return ops
+
+
+def ops_from_join(events: pd.DataFrame, begin_rows: np.ndarray, match: np.ndarray,
+                  found: np.ndarray) -> pd.DataFrame:
+    """The ops frame from a begin/end join: `begin_rows` (row of each op's begin in `events`), `match` (its
+    end row, -1 for none) and `found` (match >= 0); rows in `begin_rows` order. Shared by `build_ops` and
+    the `--follow` reader's incremental join (tui/follow_ops.py)."""
     keep = [c for c in events.columns if c not in ("phase", "status", "message", "time_ns")]
     ops = events[keep].iloc[begin_rows].rename(columns={"t_ns": "start_ns"}).reset_index(drop=True)
     t = events["t_ns"].to_numpy()
@@ -301,8 +314,4 @@ def build_ops(events: pd.DataFrame) -> pd.DataFrame:
         msg = msg.cat.add_categories([""])
     ops["message"] = msg.fillna("")
     ops["duration_ns"] = np.where(found, end_ns - ops["start_ns"].to_numpy(), -1).astype("int64")
-    r, st = ops["rank"].to_numpy(), ops["start_ns"].to_numpy()
-    ordered = len(ops) < 2 or bool(np.all((r[1:] > r[:-1]) | ((r[1:] == r[:-1]) & (st[1:] >= st[:-1]))))
-    if not ordered:   # clocks stepped backwards, or rows appended out of order
-        ops = ops.sort_values(["rank", "start_ns", "op_id"], kind="stable").reset_index(drop=True)
     return ops

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .. import schema as S
-from ..columns import STATUS_INFLIGHT
+from ..columns import ops_from_join
 
 MASK = (1 << 40) - 1           # build_ops' key: rank << 40 | op_id & MASK; within one rank: op_id & MASK
 UID_SHIFT = 40
@@ -137,26 +137,7 @@ class LiveOps:
         uid = np.concatenate([(np.int64(r) << UID_SHIFT) | np.arange(len(self.ranks[r].brow), dtype=np.int64)
                               for r in ranks]) if ranks else _empty()
         found = match >= 0
-        # ---- as build_ops builds its frame from (begin_rows, match, found) ----
-        keep = [c for c in events.columns if c not in ("phase", "status", "message", "time_ns")]
-        ops = events[keep].iloc[begin_rows].rename(columns={"t_ns": "start_ns"}).reset_index(drop=True)
-        t = events["t_ns"].to_numpy()
-        end_ns = np.where(found, t[np.maximum(match, 0)], -1).astype("int64")
-        status = events["status"]
-        if not isinstance(status.dtype, pd.CategoricalDtype):
-            status = status.astype("category")
-        cats = [str(c) for c in status.cat.categories]
-        if STATUS_INFLIGHT not in cats:
-            cats.append(STATUS_INFLIGHT)
-        codes = status.cat.codes.to_numpy()[np.maximum(match, 0)].astype(np.int32)
-        codes = np.where(found, codes, cats.index(STATUS_INFLIGHT))
-        ops["end_ns"] = end_ns
-        ops["status"] = pd.Categorical.from_codes(codes, categories=cats)
-        msg = pd.Series(events["message"].array.take(match, allow_fill=True))
-        if isinstance(msg.dtype, pd.CategoricalDtype) and "" not in msg.cat.categories:
-            msg = msg.cat.add_categories([""])
-        ops["message"] = msg.fillna("")
-        ops["duration_ns"] = np.where(found, end_ns - ops["start_ns"].to_numpy(), -1).astype("int64")
+        ops = ops_from_join(events, begin_rows, match, found)   # the frame build_ops makes from a join
         if not self.ordered:   # clocks stepped backwards, or rows appended out of order: build_ops sorts
             order = np.lexsort((ops["op_id"].to_numpy(), ops["start_ns"].to_numpy(), ops["rank"].to_numpy()))
             ops = ops.iloc[order].reset_index(drop=True)
