@@ -391,3 +391,27 @@ def test_a_strong_compute_effect_carries_a_weaker_last_arrival_record() -> None:
     (f,) = warnings_of(res.findings)
     assert f.ranks == [0] and ALPHA < f.data["p_last"] <= 0.05 and f.data["z"] >= 1.5 * MIN_Z
     assert warnings_of(analyze_stragglers(trace((1, 3, 4))).findings) == []
+
+
+def test_a_rank_last_in_every_step_carries_an_effect_the_spread_blurs() -> None:
+    """The mirror case: rank 0 is last in all 8 steps (p = 4^-8), 2x its peers' median compute, but the
+    healthy peers differ among themselves by about 20% (a loaded host), so z stays under MIN_Z (about 2.4). A straggler; the same spread without the record (last in 5 of 8) is not."""
+    def trace(last_steps: int) -> Trace:
+        rng = np.random.default_rng(5)
+        b = TraceBuilder(4, groups={"dp0": [0, 1, 2, 3]}, coords={r: {"dp": r} for r in range(4)})
+        for step in range(8):
+            t = 10.0 * step
+            c = [0.1 * f * math.exp(0.05 * rng.standard_normal()) for f in (2.0, 1.0, 1.25, 0.8)]
+            arrive = [t + c[r] for r in range(4)]
+            if step >= last_steps:          # another rank idles before the all_reduce: last there
+                arrive[1] = max(arrive) + 0.05
+            for r in range(4):
+                b.compute(r, "forward", t, t + c[r], step=step, microbatch=0)
+                b.collective(r, "dp0", step + 1, start=arrive[r], end=max(arrive) + 0.01, step=step)
+        return b.build()
+    res = analyze_stragglers(trace(8))
+    row = res.ranks.set_index("rank").loc[0]
+    assert row["p_last"] <= ALPHA / 10 and 2.0 <= row["z"] < MIN_Z, (row["p_last"], row["z"])
+    (f,) = warnings_of(res.findings)
+    assert f.ranks == [0]
+    assert warnings_of(analyze_stragglers(trace(5)).findings) == []

@@ -27,6 +27,10 @@ MEDIAN_SE = 1.2533       # standard error of a median / (sigma / sqrt(n)) for a 
 ALPHA_STRONG = 0.05
 STRONG_Z = 1.5 * MIN_Z
 STRONG_RATIO = 1.5
+# ... and the other way round: a rank last in (nearly) every step, far beyond chance (p <= ALPHA_RARE),
+# carries a compute effect the loaded host's spread blurs (z >= WEAK_Z, still >= STRONG_RATIO).
+ALPHA_RARE = ALPHA / 10
+WEAK_Z = 2.0
 
 
 def binom_tail(k: int, n: int, p: float) -> float:
@@ -146,6 +150,10 @@ def _significance(trace: Any, r: int, led: pd.DataFrame, cstep: pd.DataFrame, co
     strong = (effect_ok and out["z"] >= STRONG_Z and out["effect_ratio"] >= STRONG_RATIO
               and np.isfinite(out["p_last"]) and out["p_last"] <= ALPHA_STRONG
               and out["steps_led"] >= MIN_STEP_FRAC * out["steps_seen"] > 0)
+    rare = (last_ok and np.isfinite(out["p_last"]) and out["p_last"] <= ALPHA_RARE
+            and np.isfinite(out["z"]) and out["z"] >= WEAK_Z and out["effect_ratio"] >= STRONG_RATIO)
+    if rare and not effect_ok:
+        effect_ok = True
     if strong and not last_ok:
         last_ok = True
     elif out["power_limited"] and not last_ok:
