@@ -148,7 +148,7 @@ def scenarios(draw: Any) -> dict[str, Any]:
     return {"world": world, "seed": seed, "polls": n_polls, "late": late, "recreate": recreate, "shuffle": shuffle}
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(sc=scenarios())
 def test_incremental_equals_full_rebuild(tmp_path_factory: pytest.TempPathFactory, sc: dict[str, Any]) -> None:
     rng = np.random.default_rng(sc["seed"])
