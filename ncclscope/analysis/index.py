@@ -32,7 +32,8 @@ questions merge over all of them):
 - steps: `step_windows` (rank, step, first start, last end, ops) and `step_window(r, s)`.
 
 The index is cached on the trace object and rebuilt only when the trace's
-tables are replaced (a `--follow` reload assembles a new Trace anyway). It
+tables are replaced (each `--follow` poll builds a new Trace and seeds its index with the views it
+extended from the last poll's: `seed_index`, tui/follow_index.py). It
 holds the trace weakly: caching it on the trace makes no reference cycle, so
 a dropped trace's tables are freed at once.
 """
