@@ -71,13 +71,14 @@ def test_two_pipeline_ranks_in_recv_from_each_other_is_a_deadlock():
     for r in (0, 1):
         b.p2p(r, "send", peer=1 - r, seq=1, start=1.0, end=1.1)
         b.p2p(r, "recv", peer=1 - r, seq=1, start=1.0, end=1.1)
-    b.p2p(0, "recv", peer=1, seq=2, start=2.0, end=8.0, status="timeout")   # rank 0 gave up
-    b.p2p(1, "recv", peer=0, seq=2, start=2.5)                               # rank 1 still inside
+    b.p2p(0, "recv", peer=1, seq=2, start=2.0, end=8.0, status="timeout", call_site="pipe.py:31")   # gave up
+    b.p2p(1, "recv", peer=0, seq=2, start=2.5, call_site="pipe.py:31")                             # still inside
     b.rank_state(0, exitcode=1)
     d = diagnose(b.build())
     h = headline(d)
     assert (h.kind, h.ranks) == ("deadlock", [0, 1])
-    assert d.verdict.startswith("DEADLOCK: ranks 0,1 (pp 0,1) both blocked in recv from each other (p2p seq 2)")
+    assert d.verdict.startswith("DEADLOCK: ranks 0,1 (pp 0,1) both blocked in recv from each other (p2p seq 2) "
+                                "at pipe.py:31"), d.verdict
     assert h.data["cycle"] == [0, 1]
     # the unmatched recvs are supporting evidence, not separate root causes
     assert sorted(f.ranks[0] for f in d.findings if f.kind == "unmatched_p2p") == [0, 1]

@@ -115,6 +115,22 @@ def _unwaited_dead(ctx: WaitContext, named: set[int]) -> Finding | None:
                    data={"root_ranks": ranks, "unwaited": True}, wait=WaitSummary())
 
 
+def _cycle_sites(ctx: WaitContext, steps: list) -> str:
+    """Where the cycle's blocked calls were made: "pipeline.py:20" when they share one call site, "a.py:1
+    (rank 0), b.py:2 (rank 1)" for up to MAX_HOPS distinct ones; "" when the trace records none."""
+    b = ctx.blocking
+    if "call_site" not in b.columns:
+        return ""
+    by_id = {(int(r.rank), int(r.op_id)): str(r.call_site) for r in b.itertuples(index=False)}
+    got = [(int(a), by_id.get((int(a), int(e["op_id"])), "")) for a, _, e in steps]
+    got = [(a, site) for a, site in got if site]
+    if not got:
+        return ""
+    if len({site for _, site in got}) == 1:
+        return got[0][1]
+    return ", ".join(f"{site} (rank {a})" for a, site in got[:MAX_HOPS])
+
+
 def _cycle_finding(ctx: WaitContext, comp: list[int], cycle: list[int], waiters: set[int]) -> tuple[tuple, Finding]:
     inside = ctx.edges[ctx.edges["waiter"].isin(comp) & ctx.edges["target"].isin(comp)]
     outside = set(waiters) - set(comp)
@@ -135,6 +151,9 @@ def _cycle_finding(ctx: WaitContext, comp: list[int], cycle: list[int], waiters:
         both = "both" if len(cycle) == 2 else "all"
         title = (f"{rank_label(ctx.trace, cycle)} {both} blocked in {op} {prep} each other "
                  f"(p2p seq {','.join(map(str, seqs))})")
+        sites = _cycle_sites(ctx, steps)
+        if sites:
+            title += f" at {sites}"
     else:
         hops = "; ".join(f"rank {a} in {edge_desc(ctx, e)} waits on rank {b}" for a, b, e in steps[:MAX_HOPS])
         if len(steps) > MAX_HOPS:
