@@ -58,6 +58,11 @@ class RankInfo:
     call_sites: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     @property
+    def died(self) -> bool:
+        """A signal or an error ended the process (state killed or failed), not the launcher's stop."""
+        return self.state in ("killed", "failed")
+
+    @property
     def state(self) -> str:
         """finished | failed | killed | stopped | unknown | missing: how the process ended.
 

@@ -83,7 +83,8 @@ def step_census_deviations(coll: pd.DataFrame, members: dict[str, list[int]],
     # member who finished the step issued fewer (a 2-member group whose other member is stuck in the very
     # call the finished one left out), never that it skipped something itself (dropped below).
     done = full["rank"].map(passed).fillna(-1).to_numpy() >= full["step"].to_numpy()
-    full = full[done | (full["count"].to_numpy() > 0)].assign(finished=done[done | (full["count"].to_numpy() > 0)])
+    keep = done | (full["count"].to_numpy() > 0)
+    full = full[keep].assign(finished=done[keep])
     spread = full.groupby(cell, sort=False)["count"].agg(["min", "max", "size"])
     bad = spread[(spread["min"] != spread["max"]) & (spread["size"] >= 2)].reset_index()[cell]
     if not len(bad):

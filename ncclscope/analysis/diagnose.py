@@ -176,7 +176,7 @@ def _with_deaths_inside(ix: TraceIndex, findings: list[Finding]) -> list[Finding
     mism = [f for f in findings if f.kind == "collective_mismatch" and f.instance is not None]
     if not mism:
         return findings
-    dead = {r for r, info in ix.trace.ranks.items() if info.state in ("killed", "failed")}
+    dead = {r for r, info in ix.trace.ranks.items() if info.died}
     if not dead:
         return findings
     coll = ix.coll
@@ -184,9 +184,9 @@ def _with_deaths_inside(ix: TraceIndex, findings: list[Finding]) -> list[Finding
     inside: dict[tuple[str, int], list[int]] = {}
     for r in open_rows[["process_group", "collective_seq_id", "rank"]].itertuples(index=False):
         inside.setdefault((str(r.process_group), int(r.collective_seq_id)), []).append(int(r.rank))
-    out = []
+    ids, out = {id(m) for m in mism}, []
     for f in findings:
-        ranks = inside.get((f.instance.group, f.instance.seq)) if any(f is m for m in mism) else None
+        ranks = inside.get((f.instance.group, f.instance.seq)) if id(f) in ids else None
         out.append(replace(f, data={**f.data, "died_inside": sorted(ranks)}) if ranks else f)
     return out
 

@@ -95,15 +95,10 @@ def _finding(ix, c) -> Finding:
                           op_name=str(w.op_name), process_group=usual, seq=seq, op_id=int(w.op_id),
                           time_ns=int(w.start_ns)) for w in waiting.head(8).itertuples(index=False)]
     # members left waiting in that instance that then died (killed by the launcher, aborted by gloo) died of it
-    data.update(seq=seq, partner_deaths=[int(r) for r in waiting["rank"].unique() if _dead(trace, int(r))])
+    data.update(seq=seq, partner_deaths=[int(r) for r in waiting["rank"].unique()
+                                         if int(r) in trace.ranks and trace.ranks[int(r)].died])
     wait_s = wait_seconds(ix.end_ns, waiting["start_ns"].min()) if len(waiting) else None
     return Finding(kind="wrong_group", severity="error", title=title, ranks=[rank], evidence=evidence,
                    instance=InstanceRef(usual, seq),
                    wait=WaitSummary(waiting_ranks=tuple(int(x) for x in waiting["rank"]),
                                     wait_s=wait_s), data=data)
-
-
-
-def _dead(trace, rank: int) -> bool:
-    info = trace.ranks.get(rank)
-    return info is not None and info.state in ("killed", "failed")

@@ -350,7 +350,7 @@ def hold_premature_hang(analysis: Any, trace: Trace) -> tuple[Any, str]:
     status = mine["status"].astype(str)
     if status.isin([S.STATUS_TIMEOUT, S.STATUS_ERROR]).any():
         return analysis, ""
-    if any(trace.ranks[r].state in ("killed", "failed") for r in ranks if r in trace.ranks):
+    if any(trace.ranks[r].died for r in ranks if r in trace.ranks):
         return analysis, ""
     infl = mine[(status == "inflight").to_numpy()]
     if not len(infl):
