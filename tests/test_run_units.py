@@ -265,3 +265,70 @@ dist.destroy_process_group(); tracer.close(); rec.close()
                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_sigterm_while_the_main_thread_holds_the_dump_lock_still_ends_the_rank(tmp_path):
+    """torchrun's SIGTERM can land while the main thread is inside the Flight Recorder dump
+    (an uncaught gloo error's evidence): the dump then ran again inside the handler, on the
+    same thread, and waited for its own lock; the rank hung until the agent's SIGKILL with no
+    end record. Now the reader thread dumps and ends the process once the lock is free."""
+    import signal
+    import subprocess
+    import time
+    code = f"""
+import os, signal, time
+from ncclscope.runtime.recorder import Recorder
+from ncclscope.runtime.usertrace.tracer import Tracer
+rec = Recorder({str(tmp_path)!r}, 0, 1)
+tracer = Tracer(rec, 0, 1).install()
+tracer.watch_sigterm()              # what the bootstrap does
+with tracer._fr_lock:              # as if writing the dump when the signal comes
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(1.0)
+time.sleep(30)
+"""
+    t0 = time.monotonic()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == -signal.SIGTERM, out.stderr[-2000:]
+    assert time.monotonic() - t0 < 20
+    end = json.loads((tmp_path / S.rank_dir_name(0) / S.RANK_JSON).read_text())["end"]
+    assert end["message"] == "terminated by SIGTERM"
+
+
+def _rank_json(run_dir, r, end=None):
+    d = run_dir / S.rank_dir_name(r)
+    d.mkdir(parents=True, exist_ok=True)
+    (d / S.RANK_JSON).write_text(json.dumps({"rank": r, "pid": 100 + r, **({"end": end} if end else {})}))
+
+
+def test_rank_records_from_the_agent_and_the_ranks_own_end_records(tmp_path):
+    """run.json's account of each rank: the agent's failures where it saw them, the rank's end
+    record where it did not (the launcher itself stopped mid-shutdown), and a SIGTERM that reached
+    every rank is the job being stopped from outside, not a rank's death."""
+    import signal
+    from types import SimpleNamespace as F
+
+    from ncclscope.runtime.usertrace.launcher import rank_records
+    term = {"status": "error", "message": "terminated by SIGTERM", "time_ns": 1}
+    for r, end in enumerate([term, None, {"status": "error", "message": "aborted (SIGABRT)"},
+                             {"status": "error", "message": "RuntimeError: boom"}]):
+        _rank_json(tmp_path, r, end)
+    # the launcher was stopped (SignalException) while the agent was stopping the job: no failures known
+    ranks, reason, code = rank_records(tmp_path, 4, {}, "terminated", int(signal.SIGTERM))
+    assert (reason, code) == ("terminated", 143)
+    assert [ranks[str(r)]["stopped_by_launcher"] for r in range(4)] == [True, True, False, False]
+    assert [ranks[str(r)]["signal"] for r in range(4)] == ["SIGTERM", "SIGTERM", "SIGABRT", None]
+    # the agent saw rank 2 abort first, then stopped the others
+    fails = {2: F(exitcode=-6, pid=7, timestamp=10), 0: F(exitcode=-15, pid=5, timestamp=11),
+             1: F(exitcode=-15, pid=6, timestamp=11)}
+    ranks, reason, code = rank_records(tmp_path, 4, fails, "rank_failed", 0)
+    assert (reason, code) == ("rank_failed", 134)
+    assert ranks["2"] == {"exitcode": None, "signal": "SIGABRT", "pid": 7, "stopped_by_launcher": False}
+    assert ranks["0"]["stopped_by_launcher"] and ranks["1"]["stopped_by_launcher"]
+    # a scheduler's SIGTERM to every process: the agent saw ranks end by SIGTERM before its own came
+    fails = {r: F(exitcode=-15, pid=5 + r, timestamp=20 + r) for r in range(4)}
+    ranks, reason, code = rank_records(tmp_path, 4, fails, "rank_failed", 0)
+    assert (reason, code) == ("terminated", 143)
+    assert ranks["0"]["stopped_by_launcher"] and ranks["1"]["stopped_by_launcher"]
+    assert not ranks["2"]["stopped_by_launcher"] and not ranks["3"]["stopped_by_launcher"]   # they ended first

@@ -38,6 +38,7 @@ from ncclscope.usertrace.fr_merge import FR_FILE  # snapshot name; NCCL's own du
 from .gpu import GPU_POLL_S
 
 POLL_S = 0.02
+TERMINATED_MESSAGE = "terminated by SIGTERM"   # rank.json's end message after the SIGTERM evidence
 WATCH_S = 0.25
 FR_EARLY_S = 1.0   # an op in flight this long gets a Flight Recorder snapshot (cheap, before any kill)
 
@@ -187,19 +188,23 @@ class EvidenceMixin:
         term_lock = threading.Lock()
 
         def on_sigterm() -> None:
-            """Evidence once (whichever of the two paths gets here first), then the default action."""
+            """Evidence once, then the default action; on the reader thread only (see `handler`)."""
             if not term_lock.acquire(blocking=False):
-                time.sleep(30)   # the other path is dumping and will end the process
                 return
             try:
                 self.rec.instant(S.KIND_MARKER, "signal", message="SIGTERM received")
                 self.evidence("SIGTERM received")
-                self.rec.close("error", "terminated by SIGTERM")
+                self.rec.close("error", TERMINATED_MESSAGE)
             finally:
                 _die(signal.SIGTERM)
 
-        def handler(signum: int, frame: Any) -> None:   # runs only when the main thread is free
-            on_sigterm()
+        def handler(signum: int, frame: Any) -> None:
+            """Nothing here: the reader thread dumps and ends the process. Run in the main thread,
+            the dump deadlocked: the signal can land while that thread holds the very lock the dump
+            takes (seen: an uncaught gloo error's evidence was writing the Flight Recorder file when
+            torchrun's SIGTERM came, and the rank hung until the agent's SIGKILL 30 s later, its end
+            record never written). Installed only so that SIGTERM reaches the wakeup fd instead of
+            killing the process at once."""
 
         signal.signal(signal.SIGTERM, handler)
         self._sig_handler = handler
