@@ -57,7 +57,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import pyarrow as pa
 
@@ -117,6 +117,9 @@ def warm_pyarrow() -> None:
     leaves an empty log. The launcher calls this before forking, so ranks
     inherit a warm interpreter."""
     pa.array([0], type=pa.int64())
+
+
+ABORTED_MESSAGE = "aborted (SIGABRT)"   # rank.json's end message when the process aborts
 
 
 class Recorder:
@@ -332,14 +335,23 @@ class Recorder:
                 stream.drain()
 
     def _flush_on_abort(self) -> None:
-        """The SIGABRT path: write the queued event rows unless a flush is in progress on the thread
-        that is dying (its lock would never be released)."""
+        """The SIGABRT path: write the queued rows (events first: they say what the rank was in)
+        unless a flush is in progress on the thread that is dying (its lock would never be
+        released), then the end record. Why the end record: a launcher that is itself stopped
+        (a scheduler's SIGTERM while torchrun's agent is stopping the job) never learns how
+        each rank ended, and a rank aborted by gloo would then read as one it terminated."""
         if self._io_lock.acquire(timeout=1.0):
             try:
-                if not self._closed:
-                    self.events.drain()
+                if self._closed:
+                    return
+                for stream in (self.events, self.metrics, self.samples):
+                    try:
+                        stream.drain()
+                    except Exception:                  # noqa: BLE001 - dying anyway: the next stream
+                        pass
             finally:
                 self._io_lock.release()
+        self.write_meta(end={"status": "error", "message": ABORTED_MESSAGE, "time_ns": time.time_ns()})
 
     def request_flush(self) -> None:
         """Wake the flusher without waiting for it (cheap: used before blocking waits)."""
@@ -409,62 +421,3 @@ class Recorder:
         if self._stacks_path.exists() and self._stacks_path.stat().st_size == 0:
             self._stacks_path.unlink()  # an empty stacks.txt would suggest a dump happened
         self.write_meta(end={"status": status, "message": message[:2000], "time_ns": time.time_ns()})
-
-
-class NullRecorder:
-    """`--no-trace`: the same interface, no rows, no files, no threads."""
-
-    enabled = False
-
-    def __init__(self, rank: int = 0, world_size: int = 1) -> None:
-        self.rank = rank
-        self.world_size = world_size
-        self.context = Context()
-        self.meta: dict[str, Any] = {}
-
-    def begin(self, *args: Any, **kwargs: Any) -> int:
-        return -1
-
-    def end(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def instant(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def span(self, *args: Any, **kwargs: Any) -> "_NullSpan":
-        return _NULL_SPAN
-
-    def metric(self, **values: Any) -> None:
-        pass
-
-    def sample(self, row: Iterable[Any]) -> None:
-        pass
-
-    def write_meta(self, **updates: Any) -> None:
-        self.meta.update(updates)
-
-    def dump_stacks(self, reason: str) -> None:
-        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
-
-    def dump_exception(self, exc: BaseException) -> None:
-        pass                                       # train.py prints the traceback to stderr itself
-
-    def flush(self) -> None:
-        pass
-
-    def request_flush(self) -> None:
-        pass
-
-    def close(self, status: str = "ok", message: str = "") -> None:
-        pass
-
-
-class _NullSpan:
-    def __enter__(self) -> int:
-        return -1
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
-
-
-_NULL_SPAN = _NullSpan()

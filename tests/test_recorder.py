@@ -306,6 +306,7 @@ from ncclscope.runtime.recorder import Recorder
 rec = Recorder(sys.argv[1], 0, 1, flush_interval_s=60)   # the flusher never writes on its own here
 time.sleep(0.3)
 rec.begin("collective", "all_reduce", group="tp0", seq=7, nbytes=2052, call_site="model.py:73")
+rec.metric(step=3, loss=0.5)
 abort = ctypes.CDLL(None).abort
 if sys.argv[2] == "native-thread":   # like gloo: its own thread aborts while the op waits
     threading.Thread(target=abort).start()
@@ -318,8 +319,9 @@ else:
 @pytest.mark.parametrize("where", ["native-thread", "main-thread"])
 def test_an_aborted_rank_keeps_its_queued_rows(tmp_path, where):
     """SIGABRT (gloo's answer to a size mismatch) kills the process before the flusher's next batch: the
-    abort handler writes the queued begin row, faulthandler still dumps the stacks, and the process still
-    dies of SIGABRT."""
+    abort handler writes the queued begin row and metrics row, and an end record that says it aborted (a
+    launcher stopped before it saw the rank die still knows), faulthandler still dumps the stacks, and the
+    process still dies of SIGABRT."""
     import subprocess
     import sys
     res = subprocess.run([sys.executable, "-c", _ABORT_CHILD, str(tmp_path), where], capture_output=True,
@@ -328,4 +330,8 @@ def test_an_aborted_rank_keeps_its_queued_rows(tmp_path, where):
     ev = load(tmp_path).events
     assert list(ev["op_name"]) == ["all_reduce"] and int(ev["bytes"].iloc[0]) == 2052
     assert str(ev["call_site"].iloc[0]) == "model.py:73"
+    trace = load(tmp_path)
+    assert list(trace.metrics["step"]) == [3]
+    assert (trace.ranks[0].end_status, trace.ranks[0].end_message) == ("error", "aborted (SIGABRT)")
+    assert trace.ranks[0].died
     assert "Fatal Python error: Aborted" in (tmp_path / S.rank_dir_name(0) / S.STACKS_FILE).read_text()

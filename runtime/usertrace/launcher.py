@@ -23,6 +23,8 @@ from typing import Any
 
 from ncclscope import schema as S
 
+from ..recorder import ABORTED_MESSAGE
+from .evidence import TERMINATED_MESSAGE
 
 
 def _signal_name(code: int) -> str | None:
@@ -32,6 +34,18 @@ def _signal_name(code: int) -> str | None:
         except ValueError:
             return f"signal {-code}"
     return None
+
+
+class _Terminated(BaseException):
+    """SIGTERM or SIGHUP before torchrun's agent has its own handler (which raises SignalException)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated(signum)
 
 
 def _rank_meta(run_dir: Path, r: int) -> dict[str, Any]:
@@ -59,31 +73,63 @@ def launch(script: str, script_args: list[str], nproc: int = 1, out: str = "", t
     }
     _write_json(run_dir / S.RUN_JSON, run)
 
-    import logging
-
-    import torch
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    run["versions"]["torch"] = torch.__version__
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)   # its INFO lines are not the job's
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
-                       rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
-                       start_method="spawn")
     failures: dict[int, Any] = {}
     end_reason, term_signal = "completed", 0
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    for sig in previous:   # until the agent installs its own: a SIGTERM now would leave run.json "running"
+        signal.signal(sig, _raise_terminated)
     try:
+        import logging
+
+        import torch
+        from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+        run["versions"]["torch"] = torch.__version__
+        logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)   # its INFO lines are not the job's
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        cfg = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
+                           rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
+                           start_method="spawn")
         elastic_launch(cfg, sys.executable)("-m", "ncclscope.run", "--out", str(run_dir), "--timeout-s",
                                             str(timeout_s), script, *script_args)
-    except ChildFailedError as exc:
-        failures = dict(exc.failures)
-        end_reason = "rank_failed"
+    except _Terminated as exc:
+        end_reason, term_signal = "terminated", exc.signum
     except KeyboardInterrupt:
         end_reason = "interrupted"
-    except SignalException as exc:   # the agent turns SIGTERM/SIGHUP to this process into an exception
-        end_reason, term_signal = "terminated", int(exc.sigval)
+    except Exception as exc:
+        from torch.distributed.elastic.multiprocessing.api import SignalException
+        from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+        if isinstance(exc, ChildFailedError):
+            failures = dict(exc.failures)
+            end_reason = "rank_failed"
+        elif isinstance(exc, SignalException):   # the agent turns SIGTERM/SIGHUP into this
+            end_reason, term_signal = "terminated", int(exc.sigval)
+        else:
+            raise
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+    ranks, end_reason, code = rank_records(run_dir, nproc, failures, end_reason, term_signal)
+    run.update(end_reason=end_reason, ended=_dt.datetime.now().isoformat(timespec="seconds"),
+               duration_s=round(time.time() - started, 3), ranks=ranks)
+    _write_json(run_dir / S.RUN_JSON, run)
+    return run_dir, run, int(code)
+
+
+def rank_records(run_dir: Path, nproc: int, failures: dict[int, Any], end_reason: str,
+                 term_signal: int) -> tuple[dict[str, Any], str, int]:
+    """How each rank ended, for run.json, and the job's end reason and exit code.
+
+    `failures` are the agent's (rank -> a record with exitcode, pid, timestamp; empty when the
+    job completed or this launcher was itself stopped); each rank's own end record in rank.json
+    fills in what the agent did not say. A rank is `stopped_by_launcher` when its end was the
+    job being stopped, not something it did: the agent's SIGTERM after another rank's failure,
+    or a SIGTERM that reached the whole job."""
     ranks: dict[str, Any] = {}
+    if failures and all(int(f.exitcode) == -int(signal.SIGTERM) for f in failures.values()):
+        # every rank that ended was SIGTERMed and none failed on its own: the job was stopped from
+        # outside (a scheduler's time limit or preemption signals every process of the job, and the
+        # agent may see its ranks go before its own SIGTERM), not by one of its ranks
+        failures, end_reason, term_signal = {}, "terminated", int(signal.SIGTERM)
     first = min(failures.values(), key=lambda f: f.timestamp) if failures else None
     for r in range(nproc):
         meta = _rank_meta(run_dir, r)
@@ -97,7 +143,13 @@ def launch(script: str, script_args: list[str], nproc: int = 1, out: str = "", t
                              "pid": int(f.pid) if f.pid else meta.get("pid"), "stopped_by_launcher": stopped}
         elif end.get("status") == "ok" or end_reason == "completed":
             ranks[str(r)] = {"exitcode": 0, "signal": None, "pid": meta.get("pid"), "stopped_by_launcher": False}
-        else:   # alive when another rank failed: the agent terminated it
+        elif end.get("status") == "error" and end.get("message") != TERMINATED_MESSAGE:
+            # it ended on its own (an exception, gloo's abort) before the job was stopped, and this
+            # launcher never heard of it (itself terminated while the agent was stopping the job)
+            aborted = end.get("message") == ABORTED_MESSAGE
+            ranks[str(r)] = {"exitcode": None, "signal": "SIGABRT" if aborted else None, "pid": meta.get("pid"),
+                             "stopped_by_launcher": False}
+        else:   # alive when another rank failed or the job was stopped: the agent terminated it
             ranks[str(r)] = {"exitcode": None, "signal": "SIGTERM", "pid": meta.get("pid"),
                              "stopped_by_launcher": True}
     code = 0
@@ -107,10 +159,7 @@ def launch(script: str, script_args: list[str], nproc: int = 1, out: str = "", t
         code = 130
     elif end_reason == "terminated":
         code = 128 + term_signal
-    run.update(end_reason=end_reason, ended=_dt.datetime.now().isoformat(timespec="seconds"),
-               duration_s=round(time.time() - started, 3), ranks=ranks)
-    _write_json(run_dir / S.RUN_JSON, run)
-    return run_dir, run, int(code)
+    return ranks, end_reason, int(code)
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
