@@ -43,7 +43,8 @@ def _rank(rank: int, world: int, init: str, run_dir: str, n_ops: int, steps: int
     from ncclscope.runtime.config import RunConfig
     from ncclscope.runtime.faults import FaultPlan
     from ncclscope.runtime.mesh import build_mesh
-    from ncclscope.runtime.recorder import NullRecorder, Recorder
+    from ncclscope.runtime.null_recorder import NullRecorder
+    from ncclscope.runtime.recorder import Recorder
     from ncclscope.runtime.train import train_dp
 
     torch.set_num_threads(1)

@@ -66,7 +66,8 @@ from .model import Layout, ParallelStage, grad_norm_sq, moe_blocks, param_checks
 from .parallel.context import zigzag_index
 from .parallel.data import DataParallel, ParamSet
 from .pipeline.executor import PipelineExecutor
-from .recorder import NullRecorder, Recorder
+from .null_recorder import NullRecorder
+from .recorder import Recorder
 from .reference import make_model
 from .telemetry import Sampler, measure_clock_offsets
 

@@ -20,7 +20,7 @@ from ncclscope.runtime.parallel.tensor import (ColumnParallelLinear, RowParallel
                                                contiguous_part, head_rows, vocab_parallel_cross_entropy)
 from ncclscope.runtime.pipeline.executor import PipelineExecutor
 from ncclscope.runtime.pipeline.schedules import build_schedule
-from ncclscope.runtime.recorder import NullRecorder
+from ncclscope.runtime.null_recorder import NullRecorder
 from ncclscope.runtime.reference import make_model, run_reference
 
 pytestmark = pytest.mark.timeout(60)
