@@ -46,6 +46,10 @@ STATUS_OK = "ok"
 STATUS_TIMEOUT = "timeout"
 STATUS_ERROR = "error"
 STATUS_SUSPECT = "suspect"  # instant row from the watchdog: op far over its own history
+# rank.json `end.message` of a rank that did not end on its own: the tracer's SIGTERM path (the
+# launcher, torchrun's agent or a scheduler stopped the job), and the SIGABRT handler's
+END_TERMINATED = "terminated by SIGTERM"
+END_ABORTED = "aborted (SIGABRT)"
 STATUS_NOT_MEMBER = "not_member"  # instant row: a collective called on a group this rank is not in (a no-op)
 
 HEARTBEAT = "heartbeat"

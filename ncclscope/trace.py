@@ -67,13 +67,17 @@ class RankInfo:
         """finished | failed | killed | stopped | unknown | missing: how the process ended.
 
         "stopped" means the rank was still alive (hung or waiting) when the
-        launcher ended the job; "killed" means a signal ended it first."""
+        launcher (or torchrun's agent, or a scheduler's SIGTERM) ended the job;
+        "killed" means a signal ended it first."""
         if not self.present:
             return "missing"
         if self.signal and not self.stopped_by_launcher:
             return "killed"
-        if self.stopped_by_launcher:
-            return "failed" if self.end_status == "error" else "stopped"
+        terminated = self.end_status == "error" and self.end_message == S.END_TERMINATED
+        if self.stopped_by_launcher or terminated:
+            # SIGTERM's evidence path ended it: the job was being stopped (after another rank's
+            # failure, or by a scheduler), which is not a failure of this rank's own
+            return "failed" if self.end_status == "error" and not terminated else "stopped"
         if self.exitcode is not None and self.exitcode != 0:
             return "failed"
         if self.end_status == "ok" or self.exitcode == 0:

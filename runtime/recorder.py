@@ -119,9 +119,6 @@ def warm_pyarrow() -> None:
     pa.array([0], type=pa.int64())
 
 
-ABORTED_MESSAGE = "aborted (SIGABRT)"   # rank.json's end message when the process aborts
-
-
 class Recorder:
     """Writes one rank's trace directory. Thread-safe for the calls it exposes."""
 
@@ -351,7 +348,7 @@ class Recorder:
                         pass
             finally:
                 self._io_lock.release()
-        self.write_meta(end={"status": "error", "message": ABORTED_MESSAGE, "time_ns": time.time_ns()})
+        self.write_meta(end={"status": "error", "message": S.END_ABORTED, "time_ns": time.time_ns()})
 
     def request_flush(self) -> None:
         """Wake the flusher without waiting for it (cheap: used before blocking waits)."""

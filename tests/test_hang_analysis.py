@@ -174,6 +174,29 @@ def test_ranks_killed_by_the_launcher_at_the_deadline_are_not_dead_roots():
     assert (headline(d).kind, headline(d).ranks) == ("stuck_in_compute", [2])
 
 
+@pytest.mark.parametrize("launcher", ["ncclscope run", "torchrun or srun"])
+def test_a_sigterm_to_the_whole_job_is_not_a_death(launcher):
+    """A scheduler's time limit SIGTERMs every process of a hung job: each rank's tracer dumps its
+    evidence and ends with 'terminated by SIGTERM'. Under `ncclscope run` run.json also says the
+    launcher stopped them; under a plain torchrun or srun only rank.json does. Neither is a death
+    that explains the hang: rank 2, stuck outside any op, is."""
+    b = TraceBuilder(4, groups={"dp0": [0, 1, 2, 3]})
+    alive(b, range(4))
+    for r in range(4):
+        b.collective(r, "dp0", 1, start=1.0, end=1.2, step=2)
+        launched = launcher == "ncclscope run"
+        b.rank_state(r, signal="SIGTERM" if launched else None, stopped_by_launcher=launched,
+                     end_status="error", end_message="terminated by SIGTERM")
+    for r in (0, 1, 3):
+        b.collective(r, "dp0", 2, start=2.0, step=3)
+    trace = b.build()
+    assert [trace.ranks[r].state for r in range(4)] == ["stopped"] * 4
+    assert not any(trace.ranks[r].died for r in range(4))
+    d = diagnose(trace)
+    assert (headline(d).kind, headline(d).ranks) == ("stuck_in_compute", [2]), d.verdict
+    assert "dead_rank" not in [k for k, _ in kinds(d)]
+
+
 def test_rank_that_skipped_a_collective_is_the_root_not_the_ranks_that_timed_out():
     # dp0 #5: ranks 0,1,2 enter and time out; rank 3 skipped it and went on to tp1 #1 where
     # rank 2 (blocked in dp0) never comes: a wait cycle 2<->3, but 3 deviated first.

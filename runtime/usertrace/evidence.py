@@ -38,7 +38,6 @@ from ncclscope.usertrace.fr_merge import FR_FILE  # snapshot name; NCCL's own du
 from .gpu import GPU_POLL_S
 
 POLL_S = 0.02
-TERMINATED_MESSAGE = "terminated by SIGTERM"   # rank.json's end message after the SIGTERM evidence
 WATCH_S = 0.25
 FR_EARLY_S = 1.0   # an op in flight this long gets a Flight Recorder snapshot (cheap, before any kill)
 
@@ -194,7 +193,7 @@ class EvidenceMixin:
             try:
                 self.rec.instant(S.KIND_MARKER, "signal", message="SIGTERM received")
                 self.evidence("SIGTERM received")
-                self.rec.close("error", TERMINATED_MESSAGE)
+                self.rec.close("error", S.END_TERMINATED)
             finally:
                 _die(signal.SIGTERM)
 

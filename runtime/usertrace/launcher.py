@@ -23,9 +23,6 @@ from typing import Any
 
 from ncclscope import schema as S
 
-from ..recorder import ABORTED_MESSAGE
-from .evidence import TERMINATED_MESSAGE
-
 
 def _signal_name(code: int) -> str | None:
     if code < 0:
@@ -143,10 +140,10 @@ def rank_records(run_dir: Path, nproc: int, failures: dict[int, Any], end_reason
                              "pid": int(f.pid) if f.pid else meta.get("pid"), "stopped_by_launcher": stopped}
         elif end.get("status") == "ok" or end_reason == "completed":
             ranks[str(r)] = {"exitcode": 0, "signal": None, "pid": meta.get("pid"), "stopped_by_launcher": False}
-        elif end.get("status") == "error" and end.get("message") != TERMINATED_MESSAGE:
+        elif end.get("status") == "error" and end.get("message") != S.END_TERMINATED:
             # it ended on its own (an exception, gloo's abort) before the job was stopped, and this
             # launcher never heard of it (itself terminated while the agent was stopping the job)
-            aborted = end.get("message") == ABORTED_MESSAGE
+            aborted = end.get("message") == S.END_ABORTED
             ranks[str(r)] = {"exitcode": None, "signal": "SIGABRT" if aborted else None, "pid": meta.get("pid"),
                              "stopped_by_launcher": False}
         else:   # alive when another rank failed or the job was stopped: the agent terminated it
