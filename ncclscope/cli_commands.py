@@ -56,6 +56,8 @@ def cmd_report(ns: argparse.Namespace) -> int:
           f"in {stats['seconds']:.1f} s", file=sys.stderr)
     if stats.get("over_budget"):
         print("ncclscope report: the file is over its size budget; large sections were sampled", file=sys.stderr)
+    for failure in stats.get("failed", []):   # the report says so too, in its notes
+        print(f"ncclscope report: a section could not be drawn: {_clean(failure)}", file=sys.stderr)
     return analysis.exit_code
 
 
