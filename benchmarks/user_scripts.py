@@ -7,6 +7,9 @@ them, each broken by an `if` on one rank) under `ncclscope run`, judged from `nc
 A script is right when the headline's kind is the expected one and its root ranks are the expected ones
 (for a deadlock, either pair of the symmetric bug). Every job has a hard timeout (its process group
 is killed), so the sweep cannot hang. Prints one row per script and the total.
+
+A case in STOP_AFTER_S is stopped from outside the way a scheduler's time limit stops a job: its whole
+process group gets SIGTERM once every rank has begun its hung op (then at most that many seconds later).
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BUGS = ROOT / "benchmarks" / "user_bugs"
 # script -> (ranks, expected headline kind, acceptable root-rank sets)
 CASES: dict[str, tuple[int, str, list[list[int]]]] = {
+    "stuck_sigterm": (4, "stuck_in_compute", [[2]]),
     "bcast_src": (4, "collective_mismatch", [[2]]),
     "recv_first": (4, "deadlock", [[0, 1], [2, 3]]),
     "ag_size": (4, "collective_mismatch", [[3]]),
@@ -32,6 +36,15 @@ CASES: dict[str, tuple[int, str, list[list[int]]]] = {
     "skip_step": (4, "hang", [[2]]),
     "skip_nostep": (4, "hang", [[2]]),
 }
+
+# script -> seconds after the hang begins when the job gets SIGTERM (as a scheduler's time limit would)
+STOP_AFTER_S: dict[str, float] = {"stuck_sigterm": 3.0}
+
+
+def _hung(out: Path, nproc: int) -> bool:
+    """Every rank has written its first batch of rows and one more second passed: the hang is on."""
+    files = [out / f"rank-{r:05d}" / "events.arrows" for r in range(nproc)]
+    return all(f.exists() and f.stat().st_size > 4096 for f in files)
 
 
 def run_case(name: str, out: Path, timeout_s: float) -> tuple[str, list[int], str, float]:
@@ -42,7 +55,14 @@ def run_case(name: str, out: Path, timeout_s: float) -> tuple[str, list[int], st
                              "--no-analyze", "--out", str(out), "--", str(BUGS / f"{name}.py")],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     try:
-        proc.wait(timeout=timeout_s)
+        if name in STOP_AFTER_S:
+            deadline = t0 + timeout_s / 2
+            while proc.poll() is None and time.perf_counter() < deadline and not _hung(out, nproc):
+                time.sleep(0.2)
+            time.sleep(STOP_AFTER_S[name])
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=max(1.0, timeout_s - (time.perf_counter() - t0)))
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
