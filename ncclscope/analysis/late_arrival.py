@@ -33,12 +33,11 @@ import pandas as pd
 
 from ..findings import Evidence, Finding, InstanceRef, WaitSummary
 from .index import TraceIndex
-from ..usertrace.fr_merge import INFERRED, is_user_file
+from ..usertrace.fr_merge import INFERRED
 from .labels import rank_label
-from .stacks import main_thread_dumps
+from .stacks import user_frame
 
 _TIMEOUT = re.compile(r"timed out|timeout", re.I)
-_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
 
 
 def find_late_arrivals(ix: TraceIndex) -> list[Finding]:
@@ -150,24 +149,6 @@ def _idle_at(ix: TraceIndex, rank: int, arrived_ns: int, gave_up_ns: int) -> boo
     return end <= gave_up_ns
 
 
-def _user_frame(ix: TraceIndex, rank: int, lo_ns: int, hi_ns: int) -> tuple[str, int]:
-    """(file:line in function, dump time) of the main thread's user frame in a dump inside [lo, hi]."""
-    text = ix.trace.stacks.get(rank, "")
-    if not text:
-        return "", -1
-    info = ix.trace.ranks.get(rank)
-    offset = int(getattr(info, "clock_offset_ns", 0) or 0)
-    for local_ns, frames in main_thread_dumps(text):
-        t = local_ns + offset
-        if not (lo_ns <= t <= hi_ns):
-            continue
-        for line in frames:                            # most recent call first
-            m = _FRAME.match(line)
-            if m and is_user_file(m.group(1)):
-                return f"{m.group(1)}:{m.group(2)} in {m.group(3)}", t
-    return "", -1
-
-
 def _finding(ix: TraceIndex, key: tuple[str, int], w: object, late: pd.DataFrame, rows: pd.DataFrame,
              gave_up: int, never: list[int]) -> Finding:
     trace = ix.trace
@@ -180,7 +161,7 @@ def _finding(ix: TraceIndex, key: tuple[str, int], w: object, late: pd.DataFrame
     arrived = int(late["start_ns"].min()) if who not in never else ix.end_ns
     mine = trace.ops[(trace.ops["rank"] == who) & (trace.ops["start_ns"] < min(arrived, gave_up + 1))]
     since = int(mine["end_ns"].clip(lower=0).max()) if len(mine) else int(w.start_ns)
-    frame, dumped = _user_frame(ix, who, min(since, int(w.start_ns)), arrived)
+    frame, dumped = user_frame(trace, who, min(since, int(w.start_ns)), arrived)
     where = (f"; it was outside any collective, at {frame}"
              + (f" ({(dumped - int(w.start_ns)) / 1e9:.1f} s into the wait)" if dumped >= 0 else "")
              if frame else "; it was in no traced op in between")

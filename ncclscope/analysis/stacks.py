@@ -4,9 +4,12 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Iterable
 
+from ..usertrace.fr_merge import is_user_file
+
 if TYPE_CHECKING:
     from ..trace import Trace
 
+_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+) in (\S+)')
 _THREAD_RE = re.compile(r"^(Current thread|Thread) 0x[0-9a-fA-F]+")
 
 
@@ -40,6 +43,28 @@ def main_thread_dumps(text: str) -> list[tuple[int, list[str]]]:
         if main is not None:
             out.append((int(h.group(1)), main[1:]))
     return out
+
+
+def user_frame(trace: "Trace", rank: int, lo_ns: int, hi_ns: int, latest: bool = False) -> tuple[str, int]:
+    """(file:line in function, aligned dump time) of the main thread's innermost frame in the user's
+    own code, from the first (`latest`: the last) dump of `rank` taken inside [lo_ns, hi_ns];
+    ("", -1) when none. The first says where a late rank was when its peers began to wait; the
+    last, where a rank still stuck at the end was when the job was stopped (SIGTERM's evidence)."""
+    text = trace.stacks.get(rank, "")
+    if not text:
+        return "", -1
+    info = trace.ranks.get(rank)
+    offset = int(getattr(info, "clock_offset_ns", 0) or 0)
+    dumps = main_thread_dumps(text)
+    for local_ns, frames in (reversed(dumps) if latest else dumps):
+        t = local_ns + offset
+        if not (lo_ns <= t <= hi_ns):
+            continue
+        for line in frames:                            # most recent call first
+            m = _FRAME.match(line)
+            if m and is_user_file(m.group(1)):
+                return f"{m.group(1)}:{m.group(2)} in {m.group(3)}", t
+    return "", -1
 
 
 def stack_excerpt(text: str, max_frames: int = 12, max_chars: int = 2000) -> str:
