@@ -332,3 +332,28 @@ def test_rank_records_from_the_agent_and_the_ranks_own_end_records(tmp_path):
     assert (reason, code) == ("terminated", 143)
     assert ranks["0"]["stopped_by_launcher"] and ranks["1"]["stopped_by_launcher"]
     assert not ranks["2"]["stopped_by_launcher"] and not ranks["3"]["stopped_by_launcher"]   # they ended first
+
+
+def test_a_sigterm_to_the_launcher_before_the_agent_is_up_ends_the_run_as_terminated(tmp_path):
+    """Between run.json's first write and torchrun's agent installing its own handler, SIGTERM used
+    to kill `ncclscope run` outright, leaving run.json 'running' with no ranks."""
+    import subprocess
+    code = f"""
+import os, signal, sys, time
+import torch.distributed.launcher.api as api
+def early(cfg, entry):            # the agent's handler is not installed yet when the signal lands
+    def call(*args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(10)
+    return call
+api.elastic_launch = early
+from ncclscope.runtime.usertrace.launcher import launch
+run_dir, run, rc = launch("script.py", [], nproc=2, out={str(tmp_path / "r")!r})
+print(rc)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split()[-1] == "143"
+    run = json.loads((tmp_path / "r" / S.RUN_JSON).read_text())
+    assert run["end_reason"] == "terminated" and set(run["ranks"]) == {"0", "1"}
