@@ -197,6 +197,26 @@ def test_a_sigterm_to_the_whole_job_is_not_a_death(launcher):
     assert "dead_rank" not in [k for k, _ in kinds(d)]
 
 
+def test_a_rank_stuck_outside_any_op_is_placed_by_its_latest_stack_dump():
+    """No traced op says where rank 2 is; the stacks it dumped do (a timeout's, then SIGTERM's): the
+    verdict names the user's frame of the latest dump taken after its last op, not an earlier one."""
+    b = TraceBuilder(4, groups={"dp0": [0, 1, 2, 3]})
+    alive(b, range(4))
+    for r in range(4):
+        b.collective(r, "dp0", 1, start=1.0, end=1.2, step=2)
+    for r in (0, 1, 3):
+        b.collective(r, "dp0", 2, start=2.0, step=3)
+    def dump(t: float, where: str) -> str:
+        return (f"=== ncclscope rank 2: SIGTERM received at {b.ns(t)} ns ===\n"
+                + FAULTHANDLER_DUMP.replace('"/app/model.py", line 212 in backward_hook', where))
+    b.stacks(2, dump(0.5, '"/app/data.py", line 9 in load') + dump(6.0, '"/app/model.py", line 40 in forward')
+             + dump(9.0, '"/app/model.py", line 57 in forward'))
+    d = diagnose(b.build())
+    h = headline(d)
+    assert (h.kind, h.ranks) == ("stuck_in_compute", [2])
+    assert "its last stack dump (at 9.0 s) has it at /app/model.py:57 in forward" in h.title, h.title
+
+
 def test_rank_that_skipped_a_collective_is_the_root_not_the_ranks_that_timed_out():
     # dp0 #5: ranks 0,1,2 enter and time out; rank 3 skipped it and went on to tp1 #1 where
     # rank 2 (blocked in dp0) never comes: a wait cycle 2<->3, but 3 deviated first.

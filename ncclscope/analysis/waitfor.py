@@ -37,6 +37,7 @@ from .census import step_census_deviations
 from .index import IndexLike, as_index
 from .labels import fmt_ranks, rank_label, seconds
 from .p2p_pairs import direction
+from .stacks import user_frame
 from .waitgraph import WaitGraph, wait_graph
 from .wording import (MAX_EVIDENCE, WaitContext, edge_desc, op_desc, op_evidence, payload, since, sort_key,
                       waiter_evidence, waiting_summary, wanted_desc)
@@ -321,6 +322,12 @@ def _endpoint_finding(ctx: WaitContext, r: int, role: str, waiters: set[int]) ->
         else:
             title = (f"{who} is alive (heartbeats to the end) but in no communication op and never posted "
                      f"{wanted}; its last op was {row.last_op or 'none'}")
+            # where it was: the latest stack dump since that op (a timeout's or the final SIGTERM's)
+            frame, dumped = user_frame(ctx.trace, r, int(row.last_op_start_ns), int(ctx.end), latest=True)
+            if frame:
+                title += f"; its last stack dump (at {seconds(dumped - t0)}) has it at {frame}"
+                ev.append(Evidence(rank=r, note=f"main thread at {frame} (stack dump at {seconds(dumped - t0)})",
+                                   time_ns=dumped))
             ev.append(last)
     else:
         kind = "hang"
