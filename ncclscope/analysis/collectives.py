@@ -7,6 +7,7 @@ categories:
 - type  (op name, with the reduce op): all_reduce on three ranks, broadcast on
   one -> the job hangs (gloo) or silently mixes data;
 - size  (input shapes; not for ops whose sizes legitimately differ per rank);
+- split (all_to_all_single: a member's sends against what its peers expect, a2a.py);
 - dtype;
 - state (some members began #k, others never did: a *missing participant*,
   which is who the others wait on).
@@ -36,6 +37,7 @@ import pandas as pd
 
 from .. import schema as S
 from ..findings import Evidence, Finding, InstanceRef, WaitSummary
+from .a2a import split_deviations
 from .index import IndexLike, TraceIndex, as_index
 from .instances import find_deviations, find_history_deviations, merge_history, near_instances, type_value
 from .labels import fmt_ranks, rank_label
@@ -60,6 +62,9 @@ def analyze_collectives(source: IndexLike, max_per_group: int = 5) -> Collective
     coll, inst = ix.coll, ix.instances
     dev = find_deviations(coll)
     dev = merge_history(dev, find_history_deviations(coll, inst, dev, ix.kinds))
+    splits = split_deviations(ix)
+    if len(splits):
+        dev = pd.concat([dev, splits], ignore_index=True) if len(dev) else splits
     findings = _mismatch_findings(ix, dev, max_per_group)
     findings += _missing_findings(ix, max_per_group)
     return CollectiveReport(findings=findings, instances=inst, deviations=dev, missing=ix.missing)
@@ -105,7 +110,9 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
         maj = csub["majority"].iloc[0]
         value = csub["value"].iloc[0]
         cats.append(str(cat))
-        if (csub["basis"] == "history").all():
+        if cat == "split":               # a2a.py words it: what it sends against what its peers expect
+            parts.append(str(value))
+        elif (csub["basis"] == "history").all():
             history = True
             parts.append(_describe(str(cat), value, maj, 0, str(csub["ref_note"].iloc[0])))
         else:
@@ -124,7 +131,8 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
         title += f"; {rank_label(trace, absent)} left no record of #{k}" + (f" ({how})" if how else "")
     if tie:
         n_maj = int(rows["n_majority"].iloc[0])
-        title = (f"ambiguous ({n_maj} vs {n_maj} tie), naming the lowest rank {named[0]}: "
+        why = str(rows["ref_note"].iloc[0]) if (rows["category"] == "split").all() else ""
+        title = (f"ambiguous ({why or f'{n_maj} vs {n_maj} tie'}), naming the lowest rank {named[0]}: "
                  f"{op} #{k} on {glabel}: " + "; ".join(parts))
     if later > 0:
         title += f" (and in {later} later instance{'s' if later > 1 else ''})"

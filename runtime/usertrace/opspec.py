@@ -97,3 +97,23 @@ def arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: dict[str, int], name
     if 0 <= i < len(args):
         return args[i]
     return kwargs.get(name, default)
+
+
+def a2a_splits(inp: Any, out: Any, in_splits: Any, out_splits: Any, n: int) -> str:
+    """` splits [a,b,..]->[c,d,..]`: the rows `all_to_all_single` sends to each member and expects
+    from each (an omitted split list is the even split of the tensor's first dimension), appended to
+    the call's sizes (schema: `SPLITS_RE` in ncclscope/analysis/a2a.py reads it back). Member i's
+    send to j must equal j's receive from i; the sizes alone legitimately differ between ranks
+    (MoE routing), so only these pairs can say which rank broke the exchange. "" when unknown."""
+    try:
+        def split(given: Any, t: Any) -> list[int]:
+            if given is not None and len(given):
+                return [int(x) for x in given]
+            rows = int(t.shape[0]) if getattr(t, "dim", lambda: 0)() else 0
+            return [rows // n] * n if n and rows % n == 0 else []
+        a, b = split(in_splits, inp), split(out_splits, out)
+    except (TypeError, ValueError, AttributeError):
+        return ""
+    if len(a) != n or len(b) != n:
+        return ""
+    return f" splits [{','.join(map(str, a))}]->[{','.join(map(str, b))}]"
