@@ -52,6 +52,7 @@ from .late_arrival import find_late_arrivals
 from .nonmember import find_nonmember_calls
 from .p2p import analyze_p2p
 from .schedule_check import analyze_schedule
+from .p2p_tags import tag_deviations
 from .stacks import stack_for
 from .stopped import fr_roots
 from .waitfor import analyze_waits
@@ -100,7 +101,8 @@ def diagnose(trace: Trace, max_per_group: int = 5) -> Diagnosis:
     sched = analyze_schedule(ix)
     before = (skips_before_death(ix, roots) + mismatches_before_death(ix, roots) + find_late_arrivals(ix)
               + find_nonmember_calls(ix))
-    causes = _with_deaths_inside(ix, cr.findings) + sched + before + pr.findings + gr.findings + context
+    causes = (_with_deaths_inside(ix, cr.findings) + sched + before + tag_deviations(ix, pr.findings) + pr.findings
+              + gr.findings + context)
     findings = combine(trace, *fr_roots(ix, roots, causes))
     tables = {"wait_edges": wr.edges, "blocking_ops": wr.blocking, "rank_states": wr.ranks,
               "collective_instances": cr.instances, "collective_deviations": cr.deviations,
@@ -256,8 +258,9 @@ def explains(cause: Finding, root: Finding) -> bool:
     if cause.kind == "collective_mismatch" and root.kind == "dead_rank" and set(root.ranks) & set(
             cause.data.get("died_inside", ())):
         return True
-    if cause.kind == "unmatched_p2p":   # the absent side skipped it (p2p.with_departure): the wait between them
-        return (bool(cause.data.get("departure")) and root.kind in DEPARTURE_EXPLAINS
+    if cause.kind == "unmatched_p2p":   # the absent side skipped it (p2p.with_departure) or changed its tag
+        return ((bool(cause.data.get("departure")) or bool(cause.data.get("tag_deviant")))
+                and root.kind in DEPARTURE_EXPLAINS
                 and {int(cause.data["poster"]), int(cause.data["absent"])} <= root.involved_ranks)
     if cause.kind == "hang":
         if not cause.data.get("before_death"):
