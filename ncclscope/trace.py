@@ -32,7 +32,7 @@ from . import schema as S
 
 from .ingest.errors import TraceError
 from .usertrace.fr_merge import merge_rank
-from .columns import _CATEGORICAL, conform_table, STATUS_INFLIGHT, _aligned, _columns, _Columns, _equals, _fill_ints, _trim, build_ops  # noqa: F401,E501
+from .columns import _CATEGORICAL, conform_table, STATUS_INFLIGHT, _aligned, _columns, _Columns, _equals, _fill_ints, _trim, build_ops, no_hugepages, _force_rank  # noqa: F401,E501
 from .groupviews import GROUP_ROW_BUDGET, GroupViews, _parse_view  # noqa: F401
 
 
@@ -281,7 +281,7 @@ def _rank_dirs(path: Path, warnings: list[str]) -> dict[int, Path]:
     from .safe_io import MAX_RANK
     found: dict[int, Path] = {}
     try:
-        entries = sorted(path.iterdir())
+        entries = sorted(path.iterdir(), key=lambda e: e.name)   # Path order within one directory, by name
     except OSError as exc:
         warnings.append(f"{path}: cannot list ({_short(exc)})")
         return found
@@ -304,6 +304,7 @@ def _rank_dirs(path: Path, warnings: list[str]) -> dict[int, Path]:
 def load(path: str | os.PathLike[str]) -> Trace:
     """Load a run directory. Raises TraceError only when nothing can be analyzed."""
     root = Path(path)
+    no_hugepages()          # big fresh arrays from here on: columns.no_hugepages says why
     if not root.exists():
         raise TraceError(f"{root}: no such directory")
     if not root.is_dir():
@@ -350,10 +351,10 @@ def load(path: str | os.PathLike[str]) -> Trace:
         ev = merge_rank(d, ev, warnings)      # ncclscope run: Flight Recorder-only ops (none without a dump)
         if not (d / S.EVENTS_FILE).exists():
             warnings.append(f"{d / S.EVENTS_FILE}: missing (the rank wrote no events)")
-        event_tables.add(force_rank(ev, r))
+        event_tables.add(ev, rank=r)          # every row's rank is r (force_rank), set once per batch
         del ev
-        metric_tables.add(force_rank(read_stream(d / S.METRICS_FILE, S.METRICS_SCHEMA, warnings), r))
-        sample_tables.add(force_rank(read_stream(d / S.SAMPLES_FILE, S.SAMPLES_SCHEMA, warnings), r))
+        metric_tables.add(read_stream(d / S.METRICS_FILE, S.METRICS_SCHEMA, warnings), rank=r)
+        sample_tables.add(read_stream(d / S.SAMPLES_FILE, S.SAMPLES_SCHEMA, warnings), rank=r)
         if (d / S.STACKS_FILE).exists():
             try:
                 stacks[r] = safe_io.read_text(d / S.STACKS_FILE)
@@ -389,6 +390,7 @@ def assemble(
     """Build a Trace from Arrow tables in the schema; used by `load` and by the
     foreign-format readers in `ingest/`, so every analysis sees one shape.
     The table lists are consumed (emptied) to keep peak memory near one copy."""
+    no_hugepages()
     events = _fill_ints(_columns(event_tables, S.EVENTS_SCHEMA).frame(), S.EVENTS_SCHEMA)
     offsets = {r: int(info.clock_offset_ns) for r, info in ranks.items()}
     events["t_ns"] = _aligned(events["time_ns"].to_numpy(), events["rank"].to_numpy(), offsets)
@@ -413,6 +415,6 @@ def assemble(
 
 
 def force_rank(table: pa.Table, rank: int) -> pa.Table:
-    """Trust the directory, not the rows: a hostile file cannot claim another rank."""
-    idx = table.schema.get_field_index("rank")
-    return table.set_column(idx, "rank", pa.array(np.full(len(table), rank, dtype=np.int32)))
+    """Trust the directory, not the rows: a hostile file cannot claim another rank. (`load` has the column
+    engine do it per batch: `_Columns.add(table, rank=r)`.)"""
+    return _force_rank(table, rank)

@@ -176,8 +176,10 @@ def analyze_bubbles(trace: Trace) -> BubbleResult:
     pos_of = np.full(n_rank, -1, dtype=np.int64)
     pipe_of[layout["rank"].to_numpy()] = layout["pipeline"].to_numpy()
     pos_of[layout["rank"].to_numpy()] = layout["pp_pos"].to_numpy()
-    o_rank = ops["rank"].to_numpy().astype(np.int64)
-    o_step = ops["step"].to_numpy().astype(np.int64)
+    # the ops' own columns, not int64 copies (2 x 40 MB at 10 M events): products that could pass 2**31
+    # (rank x steps) are taken in int64 below
+    o_rank = ops["rank"].to_numpy()
+    o_step = ops["step"].to_numpy()
     in_pipe = (pipe_of[o_rank] >= 0) & (o_step >= 0)
     fb = (ops["kind"] == "compute").to_numpy() & ops["op_name"].isin(FB).to_numpy() & in_pipe
     spans = pd.DataFrame({c: ops[c].to_numpy()[fb] for c in ("rank", "step", "microbatch", "stage", "start_ns",
@@ -197,6 +199,7 @@ def analyze_bubbles(trace: Trace) -> BubbleResult:
     g = spans.groupby("wkey")
     win = pd.DataFrame({"w0": g["start_ns"].min(), "w1": g["end_ns"].max(), "inflight": (spans["end_ns"] < 0).groupby(spans["wkey"]).sum(),
                         "ranks": g["rank"].nunique()})
+    del g                      # it holds every F/B span: the filtered copy below replaces them
     win = win[(win["inflight"] == 0) & (win["ranks"] == p)]
     if not len(win):
         return res
@@ -227,7 +230,7 @@ def analyze_bubbles(trace: Trace) -> BubbleResult:
     c_w = pipe_of[c_rank] * n_st + c_si
     sel = np.flatnonzero(w0[c_w] >= 0)
     rows, c_w = rows[sel], c_w[sel]
-    c_key = c_rank[sel] * n_st + c_si[sel]
+    c_key = c_rank[sel].astype(np.int64) * n_st + c_si[sel]
     del c_rank, c_si, sel
     c_s = np.maximum(start_all[rows], w0[c_w])
     c_e = np.minimum(end_all[rows], w1[c_w])
@@ -250,7 +253,8 @@ def analyze_bubbles(trace: Trace) -> BubbleResult:
     ss["idle_ns"] = (ss["window_ns"] - ss["compute_ns"]).clip(lower=0)
     # the comm-stall baseline: each p2p op this stage issued, at the run's own median p2p latency
     pm = (ops["kind"] == "p2p").to_numpy() & in_pipe
-    n_p2p = pd.Series(1, index=pd.MultiIndex.from_arrays([o_rank[pm], o_step[pm]])).groupby(level=[0, 1]).size()
+    n_p2p = pd.Series(1, index=pd.MultiIndex.from_arrays([o_rank[pm].astype(np.int64),
+                                                          o_step[pm].astype(np.int64)])).groupby(level=[0, 1]).size()
     ss["p2p_ops"] = n_p2p.reindex(pd.MultiIndex.from_arrays([ss["rank"].to_numpy(dtype=np.int64),
                                                              ss["step"].to_numpy(dtype=np.int64)])).fillna(0).to_numpy()
     ss["bubble"] = ss["idle_ns"] / ss["window_ns"].where(ss["window_ns"] > 0)

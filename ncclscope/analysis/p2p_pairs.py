@@ -2,7 +2,7 @@
 
 `p2p_seq_id` counts a rank's ops in one direction with one peer, so the k-th
 send a -> b pairs with the k-th recv on b from a. `p2p_ops` builds the p2p
-rows (categorical strings, int64 src/dst/seq); `match_p2p` outer-joins the
+rows (categorical strings, int32 ranks and tags, int64 seq); `match_p2p` outer-joins the
 sends with the recvs. The p2p question (p2p.py) and the wait-for graph read
 both from the index, built once per trace.
 """
@@ -18,9 +18,10 @@ KEY = ["src", "dst", "tag", "seq"]
 STATES = pd.Index(["send_only", "recv_only", "matched"], dtype="str")
 
 
-SIDE_COLUMNS = ["rank", "op_id", "op_name", "status", "start_ns", "input_sizes", "step", "microbatch", "stage",
-                "process_group"]
-
+# Each side's columns in the pairs. Its rank is not among them: a send's rank is `src`, a recv's `dst`.
+SIDE_COLUMNS = ["op_id", "op_name", "status", "start_ns", "step", "microbatch", "process_group"]
+# p2p_ops' integer columns that hold ranks or tags: int32, as in the schema (the tables' own dtype)
+NARROW = ("rank", "peer", "tag", "src", "dst")
 
 
 def direction(op_name: pd.Series) -> np.ndarray:
@@ -45,13 +46,16 @@ def _is_send_or_recv(op_name: pd.Series) -> np.ndarray:
     return direction(op_name) != ""
 
 
-def _categorical(s: pd.Series) -> pd.Categorical:
-    """A string column as a categorical with "" for nulls: merges and row selections on millions of
-    p2p rows move int codes instead of strings. Built from codes: nothing is decoded per row."""
+def _categorical(s: pd.Series, rows: np.ndarray | None = None) -> pd.Categorical:
+    """A string column (its `rows`, all without) as a categorical with "" for nulls: merges and row
+    selections on millions of p2p rows move int codes instead of strings. Built from codes: nothing is
+    decoded per row, and only the selected rows' codes are copied."""
     if isinstance(s.dtype, pd.CategoricalDtype):
         codes, cats = s.cat.codes.to_numpy(), s.cat.categories
+        if rows is not None:
+            codes = codes[rows]
     else:
-        codes, cats = pd.factorize(s)
+        codes, cats = pd.factorize(s if rows is None else s.iloc[rows])
     names = [str(c) for c in cats]
     if (codes < 0).any():
         if "" not in names:
@@ -61,31 +65,29 @@ def _categorical(s: pd.Series) -> pd.Categorical:
 
 
 def p2p_ops(ops: pd.DataFrame) -> pd.DataFrame:
-    """The p2p ops with `direction`, `src`, `dst`, `seq` (int64); string columns are categoricals
-    ("" for nulls: compare them with strings, use .astype(str) on small subsets)."""
+    """The p2p ops (send/recv with a peer) with `direction`, `src`, `dst` and `seq`: int64 seq, int32
+    rank/peer/tag/src/dst (their schema dtype); string columns are categoricals ("" for nulls: compare them
+    with strings, use .astype(str) on small subsets). Each column is taken once at the selected rows (no
+    intermediate frame: at 10 M events the p2p rows are ~1.7 M), and only the columns a reader uses are
+    kept (the op's end, sizes and stage stay in `ops`)."""
     mask = (ops["kind"] == S.KIND_P2P).to_numpy()
-    # rows that are no send/recv, or have no peer, go before anything is copied
     mask = mask & _is_send_or_recv(ops["op_name"]) & (ops["peer"].to_numpy() >= 0)
-    sub = ops.loc[mask, ["rank", "op_id", "op_name", "process_group", "peer", "tag", "p2p_seq_id", "status",
-                         "start_ns", "end_ns", "input_sizes", "step", "microbatch", "stage", "call_site"]]
+    rows = np.flatnonzero(mask)
+    del mask
+    op_name = _categorical(ops["op_name"], rows)
+    is_send = direction(pd.Series(op_name, copy=False)) == "send"
+    rank, peer = ops["rank"].to_numpy()[rows].astype(np.int32), ops["peer"].to_numpy()[rows].astype(np.int32)
     out = pd.DataFrame({
-        "rank": sub["rank"].to_numpy(np.int64), "op_id": sub["op_id"].to_numpy(),
-        "op_name": _categorical(sub["op_name"]), "process_group": _categorical(sub["process_group"]),
-        "peer": sub["peer"].to_numpy(np.int64), "tag": sub["tag"].to_numpy(np.int64),
-        "seq": sub["p2p_seq_id"].to_numpy(np.int64), "status": _categorical(sub["status"]),
-        "start_ns": sub["start_ns"].to_numpy(), "end_ns": sub["end_ns"].to_numpy(),
-        "input_sizes": _categorical(sub["input_sizes"]), "step": sub["step"].to_numpy(),
-        "microbatch": sub["microbatch"].to_numpy(), "stage": sub["stage"].to_numpy(),
-        "call_site": _categorical(sub["call_site"]),
-    })
-    d = direction(out["op_name"])
-    keep = (d != "") & (out["peer"].to_numpy() >= 0)
-    out = out[keep].reset_index(drop=True)
-    d = d[keep]
-    is_send = d == "send"
-    out["direction"] = pd.Categorical.from_codes(is_send.astype(np.int8), categories=["recv", "send"])
-    out["src"] = np.where(is_send, out["rank"], out["peer"])
-    out["dst"] = np.where(is_send, out["peer"], out["rank"])
+        "rank": rank, "op_id": ops["op_id"].to_numpy()[rows],
+        "op_name": op_name, "process_group": _categorical(ops["process_group"], rows),
+        "peer": peer, "tag": ops["tag"].to_numpy()[rows].astype(np.int32),
+        "seq": ops["p2p_seq_id"].to_numpy()[rows].astype(np.int64), "status": _categorical(ops["status"], rows),
+        "start_ns": ops["start_ns"].to_numpy()[rows], "step": ops["step"].to_numpy()[rows],
+        "microbatch": ops["microbatch"].to_numpy()[rows],
+        "call_site": _categorical(ops["call_site"], rows),
+        "direction": pd.Categorical.from_codes(is_send.astype(np.int8), categories=["recv", "send"]),
+        "src": np.where(is_send, rank, peer), "dst": np.where(is_send, peer, rank),
+    }, copy=False)
     return out
 
 
@@ -131,11 +133,11 @@ def _outer_by_keys(p2p: pd.DataFrame) -> pd.DataFrame | None:
     """match_p2p on numpy columns, the same frame as its merge: each side's rows deduplicated on the key
     (first row kept), keys packed into one int64, their union sorted (an outer merge sorts its keys
     lexicographically, as the packing does) and each side's columns taken once at its positions: no copy of
-    the sends and recvs, no merge. None (the merge does it) when a side is empty, a key does not pack into
-    an int64 or a column is neither an integer nor a categorical."""
+    the sends and recvs, no merge. None (the merge does it) when a side is empty, a key is not an integer
+    column or does not pack into an int64, or a column is neither an integer nor a categorical."""
     if "direction" not in p2p or any(c not in p2p for c in KEY + SIDE_COLUMNS):
         return None
-    if any(p2p[c].dtype != np.int64 for c in KEY) or not all(
+    if any(not np.issubdtype(p2p[c].dtype, np.integer) for c in KEY) or not all(
             isinstance(p2p[c].dtype, pd.CategoricalDtype) or np.issubdtype(p2p[c].dtype, np.integer)
             for c in SIDE_COLUMNS):
         return None
@@ -178,7 +180,7 @@ def _outer_by_keys(p2p: pd.DataFrame) -> pd.DataFrame | None:
     cols: dict[str, object] = {}
     rest = keys
     for c, low, w in reversed(list(zip(KEY, lo, width))):
-        cols[c] = rest % w + low
+        cols[c] = (rest % w + low).astype(p2p[c].dtype, copy=False)   # the key's own dtype, as a merge keeps it
         rest = rest // w
     cols = {c: cols[c] for c in KEY}
     cols.update(_side(p2p, ps, "send_"))

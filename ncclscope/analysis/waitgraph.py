@@ -102,15 +102,19 @@ def _expand(b: pd.DataFrame, m: pd.DataFrame) -> pd.DataFrame:
     first = np.cumsum(per) - per
     within = np.arange(len(left), dtype=np.int64) - np.repeat(first, per)
     right = m_order[np.repeat(starts[b_iid], per) + within]         # row of m
+    del first, within
     waiter = b["waiter"].to_numpy(np.int64)[left]
     target = m["member"].to_numpy(np.int64)[right]
-    keep = target != waiter
-    left, right, waiter, target = left[keep], right[keep], waiter[keep], target[keep]
+    keep = np.flatnonzero(target != waiter)
     reason_codes, reason_cats = _codes(m["reason"])
-    rc = reason_codes[right]
+    rc = reason_codes[right[keep]]
     nb = reason_cats.index("not begun") if "not begun" in reason_cats else -1
-    order = np.concatenate([np.flatnonzero(rc == nb), np.flatnonzero(rc != nb)])   # "not begun" first, stable
-    left, right, waiter, target, rc = left[order], right[order], waiter[order], target[order], rc[order]
+    # the kept edges, "not begun" first (stable): one position array, each column taken once through it
+    order = keep[np.concatenate([np.flatnonzero(rc == nb), np.flatnonzero(rc != nb)])]
+    del keep
+    left, right, waiter, target = left[order], right[order], waiter[order], target[order]
+    rc = reason_codes[right]
+    del order
     cols: dict[str, object] = {"waiter": waiter, "target": target,
                                "via": pd.Categorical.from_codes(np.zeros(len(left), dtype=np.int8),
                                                                 categories=[S.KIND_COLLECTIVE])}
@@ -123,7 +127,7 @@ def _expand(b: pd.DataFrame, m: pd.DataFrame) -> pd.DataFrame:
     cols["reason"] = pd.Categorical.from_codes(rc, categories=reason_cats)
     cols["n_began"] = m["n_began"].to_numpy(np.int64)[right]
     cols["n_members"] = m["n_members"].to_numpy(np.int64)[right]
-    return pd.DataFrame({c: cols[c] for c in EDGE_COLUMNS})
+    return pd.DataFrame({c: cols[c] for c in EDGE_COLUMNS}, copy=False)     # fresh arrays: no second copy
 
 
 def p2p_edges(blocking: pd.DataFrame, p2p: pd.DataFrame, dead: pd.Series) -> pd.DataFrame:
@@ -281,9 +285,25 @@ def wait_edges(ix: TraceIndex) -> pd.DataFrame:
     dead = st["dead"]
     edges = _concat([collective_edges(blocking, ix.coll, ix.member_table, dead, ix.max_seq),
                      p2p_edges(blocking, ix.p2p, dead)])
-    edges = edges[~edges["waiter"].map(dead).fillna(False).astype(bool)
-                  & edges["target"].between(0, trace.world_size - 1)]
-    return edges.sort_values(["start_ns", "waiter", "target"], kind="stable").reset_index(drop=True)
+    keep = ~edges["waiter"].map(dead).fillna(False).astype(bool) & edges["target"].between(0, trace.world_size - 1)
+    return _sorted_rows(edges, keep.to_numpy())
+
+
+def _sorted_rows(edges: pd.DataFrame, keep: np.ndarray) -> pd.DataFrame:
+    """`edges[keep].sort_values(["start_ns", "waiter", "target"], kind="stable").reset_index(drop=True)` in
+    one take (4.1 M edges at 16,384 ranks: the filter and the sort each copied all ~0.3 GB of them); the
+    pandas expression for columns that are not plain integers (a stable lexsort is its order on those)."""
+    keys = ["start_ns", "waiter", "target"]
+    if not all(edges[c].dtype.kind in "iu" for c in keys):
+        return edges[keep].sort_values(keys, kind="stable").reset_index(drop=True)
+    rows = np.flatnonzero(keep)
+    st, w, t = (edges[c].to_numpy()[rows] for c in keys)
+    in_order = len(rows) < 2 or bool(((st[1:] > st[:-1]) | ((st[1:] == st[:-1]) & (
+        (w[1:] > w[:-1]) | ((w[1:] == w[:-1]) & (t[1:] >= t[:-1]))))).all())
+    if not in_order:
+        rows = rows[np.lexsort((t, w, st))]
+    del st, w, t
+    return edges.take(rows).reset_index(drop=True)
 
 
 def wait_graph(ix: TraceIndex) -> WaitGraph:
