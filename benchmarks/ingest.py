@@ -320,6 +320,8 @@ def run_child(kind: str, path: Path, timeout: float, max_rss_mib: float = 0.0) -
     """Run one measurement in a fresh process group; past `timeout` s (or `max_rss_mib` of resident memory,
     when set) the whole group is SIGKILLed, so a baseline that hangs or swells never holds the benchmark."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    # the child measures this checkout's ncclscope, whatever an installed copy points at
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     proc = subprocess.Popen([sys.executable, __file__, "--child", kind, str(path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True)
     t0 = time.perf_counter()

@@ -282,3 +282,37 @@ def test_pg_config_and_entries_give_one_creation_order_finding(dumps, tmp_path):
     assert (head.kind, head.ranks) == ("group_mismatch", [2]), a.verdict
     assert sum(f.kind == "group_mismatch" and f.ranks == [2] for f in a.findings) == 1, \
         [f.title for f in a.findings]
+
+
+# ---- group creation disagreement with gloo's empty pg_config ----------------------------------------
+def _without_pg_config(src: Path, dst: Path, idle_s: float) -> Path:
+    """The dumps as gloo writes them: pg_config empty (fr_jobs adds an NCCL-like one for group_order),
+    each written `idle_s` after its rank's last op (a watchdog's dump after the timeout: the job's own
+    last dump races its new_group timeout, so its file time is not used)."""
+    dst.mkdir()
+    for f in sorted(src.glob("nccl_trace_rank_*")):
+        d = pickle.loads(f.read_bytes())
+        d["pg_config"] = {"": {"name": "", "desc": "", "ranks": "[]"}}
+        (dst / f.name).write_bytes(pickle.dumps(d))
+        t = _last_time(d["entries"]) + int(idle_s * 1e9)
+        os.utime(dst / f.name, ns=(t, t))
+    return dst
+
+
+def test_group_order_without_pg_config_is_never_ok_and_says_what_is_known(dumps, tmp_path):
+    # rank 2 created dp before tp; every rank then hung inside new_group, so each dump holds the broadcast
+    # alone: the entries name no group beyond default_pg and tell no rank from the others (the culprit
+    # cannot be named from them). What they do say: every rank sat outside any collective past its
+    # timeout before it was dumped. The verdict is not OK, and says where the ranks stopped and that group
+    # creation is a candidate. (Dumped right after the broadcast instead, the same entries are those of a
+    # job that did one broadcast: test_stopped_needs_evidence_of_more_to_do.)
+    d = _without_pg_config(dumps["group_order"], tmp_path / "go-no-cfg", idle_s=3 * (OP_TIMEOUT_S + 2))
+    groups = {e["process_group"][0] for f in d.iterdir() for e in pickle.loads(f.read_bytes())["entries"]}
+    if groups != {"0"}:
+        pytest.skip(f"this run's group_order job got past new_group on some rank (groups {sorted(groups)})")
+    a, head = _analyze(d)
+    assert not a.ok, a.verdict
+    assert a.verdict.startswith("STOPPED: all ranks stopped after broadcast #1 on default_pg, no collective in "
+                                "flight: the job hung or died outside collectives, for example in group creation"), \
+        a.verdict
+    assert head.kind == "no_op_in_flight" and head.ranks == list(range(WORLD))

@@ -54,6 +54,8 @@ from ..trace import RankInfo, Trace, TraceError, assemble
 from .fr_fixups import _group_members, _infer_gloo, _p2p_sequences, _parse_profiling_name, _peer
 from .fr_entries import Entries
 from .fr_groups import _config_disagreements, _group_rows
+from .fr_extras import DUMP_MARKER, _dump_markers, _stacks
+from .fr_memory import BIG_INPUT_BYTES, input_bytes, keep_big_blocks_mapped, slim_tables
 from .fr_read import (SNIFF_BYTES, SUPPORTED_MAJOR, _factorize, call_site, dump_files, format_stack, rank_from_name,
                       read_dump, sniff)
 from .vocab import P2P_OPS, GroupNamer, coded, events_table, parse_ranks
@@ -64,7 +66,6 @@ __all__ = ["load_flight_recorder", "sniff", "rank_from_name", "dump_files", "rea
 INFERRED_NOTE = "completion inferred: gloo Flight Recorder records none"
 _SIZES_MAY_DIFFER = frozenset({"all_to_all", "all_to_all_single", "alltoall", "alltoall_base", "alltoallv", "scatter",
                                "gather", "all_gather_v", "reduce_scatter_v", "barrier", "monitored_barrier"})
-DUMP_MARKER = "flight_recorder_dump"
 
 
 # --------------------------------------------------------------------------
@@ -104,6 +105,8 @@ def _load(path: str | Path, world_size: int | None) -> Trace:
     else:
         raise TraceError(f"{root}: no such file or directory")
 
+    if input_bytes(f for f, _ in files.values()) >= BIG_INPUT_BYTES:
+        keep_big_blocks_mapped()                     # freed column temporaries leave the resident set
     dumps: dict[int, dict[str, Any]] = {}          # everything but the entries
     versions: dict[str, list[int]] = {}
     ents = Entries()
@@ -311,7 +314,7 @@ def _load(path: str | Path, world_size: int | None) -> Trace:
         "dumps": {str(r): str(files[r][0]) for r in sorted(files)},
         "comm_lib_version": next((str(d.get("comm_lib_version", "")) for d in dumps.values()), ""),
     }
-    return assemble(root, run, world, ranks, tables, None, None, group_rows, stacks, warnings)
+    return slim_tables(assemble(root, run, world, ranks, tables, None, None, group_rows, stacks, warnings))
 
 
 def _kept(cols: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, Any]:
@@ -356,51 +359,3 @@ def _event_tables(cols: dict[str, np.ndarray], keep: np.ndarray, texts: dict[str
         i = end.schema.get_field_index(name)
         end = end.set_column(i, own.schema.field(name), own.column(name))
     return [begin, end]
-
-
-def _dump_markers(stats: dict[int, tuple[int, int, int, int, int]], files: dict[int, tuple[Path, str]],
-                  present: set[int]) -> pa.Table:
-    """One marker row per rank at its dump file's mtime: when the dump was taken, so a
-    waiter's "waiting since" has an end. Dumps carry no timestamp of their own; an mtime
-    outside [last op, last op + 2 x timeout + 10 min] (a copied file) is not trusted.
-    `stats`: Entries.rank_stats (per rank: ..., max created, max timeout_ms, max record_id)."""
-    rows: dict[str, list[Any]] = {"rank": [], "op_id": [], "time_ns": [], "message": []}
-    for r in sorted(present):
-        if r not in stats:
-            continue
-        _, _, last, timeout, record = stats[r]
-        try:
-            mtime = files[r][0].stat().st_mtime_ns
-        except OSError:
-            continue
-        window = (2 * max(timeout, 0) + 600_000) * 1_000_000
-        if last <= mtime <= last + window:
-            rows["rank"].append(r)
-            rows["op_id"].append(record + 1)
-            rows["time_ns"].append(mtime)
-            rows["message"].append(f"Flight Recorder dump {files[r][0].name} written (file mtime)")
-    return events_table({**rows, "phase": S.PHASE_INSTANT, "kind": S.KIND_MARKER, "op_name": DUMP_MARKER},
-                        len(rows["rank"]))
-
-
-def _stacks(ents: Entries, pending: np.ndarray, op_names: list[str], op: np.ndarray, labels: list[str],
-            label: np.ndarray, peer: np.ndarray, p2p_seq: np.ndarray, is_p2p: np.ndarray) -> dict[int, str]:
-    """Per rank: the recorded stacks of its in-flight ops (newest last, at most 4)."""
-    out: dict[int, str] = {}
-    pend = np.flatnonzero(pending)
-    pend = pend[np.argsort(ents.rank[pend], kind="stable")]          # grouped by rank, entry order kept
-    pr = ents.rank[pend]
-    cuts = np.flatnonzero(np.r_[True, pr[1:] != pr[:-1]]) if len(pend) else np.zeros(0, np.int64)
-    for a, b in zip(cuts, np.r_[cuts[1:], len(pend)]):
-        r = pr[a]
-        idx = pend[a:b]
-        idx = idx[np.argsort(ents.record_id[idx], kind="stable")][-4:]
-        parts = []
-        for i in idx:
-            seq = p2p_seq[i] if is_p2p[i] else ents.cseq[i]
-            what = f"{op_names[op[i]]} #{seq} on {labels[label[i]]}" + (f" peer {peer[i]}" if peer[i] >= 0 else "")
-            parts.append(f"Flight Recorder: {what} (record {ents.record_id[i]}, state {ents.states[ents.state_code[i]] or '?'}, "
-                         f"thread {ents.threads[ents.thread_code[i]] or '?'}) was created here:\n"
-                         f"{format_stack(ents.frames.get((int(ents.rank[i]), int(ents.record_id[i]))))}")
-        out[int(r)] = "\n".join(parts)
-    return out

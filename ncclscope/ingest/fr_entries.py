@@ -50,16 +50,21 @@ def fields(entries: list[Any], fast: bool = True) -> dict[str, Any]:
     return out
 
 
-def _texts(values: list[Any]) -> list[Any]:
-    """The values as they are when they are str / int / None (hashable, and what the
-    tables hold), else each coerced to a str."""
+_PLAIN = frozenset({str, int, type(None)})
+
+
+def _distinct_texts(values: Any) -> tuple[Any, dict[Any, None]]:
+    """(the values, their distinct values in order of first appearance): the values as they are when
+    they are str / int / None (hashable, and what the tables hold), else each coerced to a str. One
+    hashing pass over the entries when they are plain, as torch writes them (the coding reuses it)."""
     try:
-        kinds = set(map(type, set(values)))
+        uniq = dict.fromkeys(values)
+        if set(map(type, uniq)) <= _PLAIN:
+            return values, uniq
     except TypeError:          # unhashable: a list or dict where a name should be
-        kinds = {list}
-    if kinds <= {str, int, type(None)}:
-        return values
-    return [_text(v) if not isinstance(v, (str, int)) or isinstance(v, bool) else v for v in values]
+        pass
+    values = [_text(v) if not isinstance(v, (str, int)) or isinstance(v, bool) else v for v in values]
+    return values, dict.fromkeys(values)
 
 
 def _size_texts(sizes: list[Any]) -> list[str]:
@@ -92,15 +97,15 @@ class _Table:
     def __init__(self) -> None:
         self.index: dict[Any, int] = {}
 
-    def codes(self, values: list[Any]) -> tuple[np.ndarray, dict[Any, int]]:
+    def codes(self, values: Any, distinct: dict[Any, None] | None = None) -> tuple[np.ndarray, dict[Any, int]]:
         """Codes of `values` into this table as it will be once `commit` adds their new values
         (nothing is added yet: a dump that fails later must leave the table as it was).
-        Work per dump: its distinct values, not the table."""
+        Work per dump: its distinct values (`distinct`, when the caller has them), not the table."""
         index = self.index
         lut: dict[Any, int] = {}
         new: dict[Any, int] = {}
         nxt = len(index)
-        for u in dict.fromkeys(values):
+        for u in (dict.fromkeys(values) if distinct is None else distinct):
             code = index.get(u)
             if code is None:
                 code = new[u] = nxt
@@ -161,27 +166,27 @@ class Entries:
         except TypeError:                                                # an unhashable flag
             plain = False
         is_p2p = _objects(flags).astype(bool) if plain else np.array([bool(v) for v in flags], dtype=bool)
-        states = _texts(c["state"])
-        values: dict[str, list[Any]] = {"pg_name": _texts(list(pg_name)), "pg_desc": _texts(list(pg_desc)),
-                                        "pname": _texts(c["profiling_name"]), "state": states,
-                                        "thread": _texts(c["thread_id"])}
+        tables = self._tables
+        coded: dict[str, tuple[np.ndarray, dict[Any, int]]] = {}
+        for key, vals in (("pg_name", pg_name), ("pg_desc", pg_desc), ("pname", c["profiling_name"]),
+                          ("state", c["state"]), ("thread", c["thread_id"])):
+            coded[key] = tables[key].codes(*_distinct_texts(vals))
         ids, site_of = _call_site_keys(c["frames"]) if fast else (list(range(n)), None)
-        values["site"] = (list(map(site_of.__getitem__, ids)) if site_of is not None
-                          else _plain_sites(c["frames"]))
+        coded["site"] = tables["site"].codes(list(map(site_of.__getitem__, ids)) if site_of is not None
+                                             else _plain_sites(c["frames"]))
         sizes, dts = c["input_sizes"], c["input_dtypes"]
         texts = _size_texts(sizes) if fast else [_size_text(sz) for sz in sizes]
-        size_codes = self._tables["size_text"].codes(texts)
-        dtype_out, nbytes = self._dtypes_and_bytes(texts, size_codes[0], sizes, dts, fast)
-        values["dtype_text"] = dtype_out
+        coded["size_text"] = tables["size_text"].codes(texts)
+        coded["dtype_text"], ints["nbytes"] = self._dtypes_and_bytes(texts, coded["size_text"][0], sizes, dts, fast)
         frames = {}
         record = ints["record_id"]
         all_frames = c["frames"]
-        for i in np.flatnonzero(_objects(states) != "completed").tolist():   # frames kept: unfinished entries only
+        state_codes, new_states = coded["state"]
+        done = tables["state"].index.get("completed", new_states.get("completed", -1))
+        for i in np.flatnonzero(state_codes != done).tolist():   # frames kept: unfinished entries only
             fr = all_frames[i]
             if fr:
                 frames[(rank, int(record[i]))] = fr
-        coded = {key: self._tables[key].codes(values[key]) if key != "size_text" else size_codes for key in _CODED}
-        ints["nbytes"] = nbytes
         stats = (int(record.min()), int(ints["created"].min()), int(ints["created"].max()),
                  int(ints["timeout_ms"].max()), int(record.max()))
         # nothing failed: commit
@@ -198,9 +203,9 @@ class Entries:
         self.frames.update(frames)
 
     def _dtypes_and_bytes(self, texts: list[str], size_code: np.ndarray, sizes: Any, dts: Any,
-                          fast: bool) -> tuple[list[str], np.ndarray]:
-        """dtype text and payload bytes per entry, worked out once per distinct (shape text, dtypes);
-        `size_code`: a code per distinct shape text."""
+                          fast: bool) -> tuple[tuple[np.ndarray, dict[Any, int]], np.ndarray]:
+        """dtype text codes (`_Table.codes` of the per-entry texts) and payload bytes per entry, worked out
+        once per distinct (shape text, dtypes); `size_code`: a code per distinct shape text."""
         n = len(texts)
         if fast and values_are_lists(dts):
             dkeys: list[Any] = list(map(tuple, dts))     # what the per-entry path makes of them, in one C pass
@@ -225,8 +230,13 @@ class Entries:
             if hit is None:
                 hit = cache[key] = _dtype_and_bytes(sz, tuple(dt) if isinstance(dt, (list, tuple)) else (dt,))
             hits.append(hit)
-        names = [h[0] for h in hits]
-        return list(map(names.__getitem__, pair_code.tolist())), np.array([h[1] for h in hits], np.int64)[pair_code]
+        # the names coded per pair, the pairs taken in order of their first entry: the table then numbers the
+        # names in order of first appearance over the entries, as coding the per-entry list would
+        order = np.argsort(firsts, kind="stable")
+        pair_names, new = self._tables["dtype_text"].codes([hits[i][0] for i in order.tolist()])
+        of_pair = np.empty(n_pairs, np.int64)
+        of_pair[order] = pair_names
+        return (of_pair[pair_code], new), np.array([h[1] for h in hits], np.int64)[pair_code]
 
     def finish(self) -> "Entries":
         """Concatenate the per-dump pieces, one column at a time (each column's pieces are
