@@ -30,6 +30,7 @@ CASES: dict[str, tuple[int, str, list[list[int]]]] = {
     "stuck_sigterm": (4, "stuck_in_compute", [[2]]),
     "a2a_split": (4, "collective_mismatch", [[1]]),
     "tag_mismatch": (4, "unmatched_p2p", [[1]]),
+    "ddp_model": (4, "dead_rank", [[3]]),
     "bcast_src": (4, "collective_mismatch", [[2]]),
     "recv_first": (4, "deadlock", [[0, 1], [2, 3]]),
     "ag_size": (4, "collective_mismatch", [[3]]),

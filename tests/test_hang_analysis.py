@@ -21,6 +21,7 @@ from trace_builder import NS, TraceBuilder
 from ncclscope.analysis.collectives import analyze_collectives
 from ncclscope.analysis.diagnose import OK_VERDICT, Diagnosis, diagnose
 from ncclscope.analysis.groups import analyze_groups
+from ncclscope.analysis.index import index_of
 from ncclscope.analysis.labels import fmt_ranks, group_label, majority_vote
 from ncclscope.analysis.p2p import analyze_p2p
 from ncclscope.analysis.stacks import stack_excerpt
@@ -852,3 +853,37 @@ def test_a_pair_member_that_left_out_the_call_its_partner_is_stuck_in_is_named()
     d = diagnose(b.build())
     assert d.verdict.startswith("HANG: rank 1 skipped all_reduce on dp0[0,1] at step 2 (train.py:80, #3 for rank 0) "
                                 "and went on to all_reduce #1 on world[0-3]"), d.verdict
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_a_rank_that_failed_of_its_own_error_inside_an_op_is_dead_its_peers_failures_are_not(own):
+    """DDP's parameter check raises on rank 3 only, inside an op only Flight Recorder saw (left open);
+    ranks 0-2 then fail with 'connection closed by peer' in the next one. Rank 3 is the dead root, and
+    where it raised is named; when rank 3's own message is a peer error too, nobody is made dead by it."""
+    b = TraceBuilder(4, groups={"world": [0, 1, 2, 3]})
+    for r in range(4):
+        b.heartbeats(r, 0.0, 1.0 if r == 3 else 3.0)
+        b.collective(r, "world", 1, op="all_gather", start=0.5, end=0.6, call_site="job.py:6")
+    b.collective(3, "world", 2, op="broadcast", start=0.7, call_site="job.py:6")
+    for r in range(3):
+        b.collective(r, "world", 2, op="broadcast", start=0.7, end=0.8, call_site="job.py:6")
+        b.collective(r, "world", 3, op="all_reduce", start=0.9, call_site="job.py:9")
+        b.rank_state(r, exitcode=1, end_status="error",
+                     end_message="RuntimeError: Connection closed by peer [127.0.0.1]:35251")
+    msg = "RuntimeError: [3]: params[0] in this process with sizes [24, 16] appears not to match" if own \
+        else "RuntimeError: Connection reset by peer"
+    b.rank_state(3, exitcode=1, end_status="error", end_message=msg)
+    b.stacks(3, f"=== ncclscope rank 3: exception RuntimeError at {b.ns(0.75)} ns ===\n"
+                "Current thread 0x00007f0000000001 (most recent call first):\n"
+                '  File "/app/job.py", line 6 in <module> (def line 1)\n')
+    trace = b.build()
+    d = diagnose(trace)
+    states = index_of(trace).rank_states
+    if own:
+        assert bool(states.at[3, "dead"]) and not states.loc[[0, 1, 2], "dead"].any()
+        assert (headline(d).kind, headline(d).ranks) == ("dead_rank", [3]), d.verdict
+        assert d.verdict.startswith("DEAD RANK: rank 3 failed (exit code 1: RuntimeError: [3]: params[0] in this "
+                                    "process with sizes [24, 16] appears not to match) at step 0, raised at "
+                                    "/app/job.py:6 in <module>"), d.verdict
+    else:
+        assert not states["dead"].any()

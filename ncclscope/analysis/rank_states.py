@@ -25,6 +25,7 @@ import pandas as pd
 from .. import schema as S
 from ..trace import STATUS_INFLIGHT
 from .labels import NS, plain_str, seconds, trace_start_ns
+from .stacks import user_frame
 
 if TYPE_CHECKING:
     from ..trace import Trace
@@ -168,6 +169,14 @@ def rank_states(trace: Trace, ops: pd.DataFrame, blocking: pd.DataFrame, computi
     dead = missing.copy()
     dead |= ~st["fail_block"] & st["hb_stale"]
     dead |= ~st["fail_block"] & (st["state"] == "failed") & not_blocked
+    # A process that ended of its own error cannot still be blocked: an op it left without an end row (a
+    # Flight Recorder entry of DDP's or FSDP's, an async op it never waited for) is where that error found
+    # it (DDP's parameter check raising on one rank). A failure that says a peer went away ("connection
+    # closed by peer", a timeout) is a consequence, and that rank stays blocked on the one it waits for.
+    own_error = (st["end_message"].astype(str).str.strip() != "") & ~st["end_message"].astype(str).str.contains(
+        PEER_ERROR, regex=True)
+    dead |= (~st["fail_block"] & (st["state"] == "failed") & st["blocked"] & own_error
+             & ranks.isin(blocking.loc[blocking["status"] == STATUS_INFLIGHT, "rank"].unique()))
     # "killed" already excludes the launcher's own end-of-job kills (state "stopped"):
     # a signal that ended a rank before the launcher did is a death, heartbeats or not.
     dead |= ~st["fail_block"] & (st["state"] == "killed")
@@ -180,6 +189,11 @@ def rank_states(trace: Trace, ops: pd.DataFrame, blocking: pd.DataFrame, computi
     if st["dead"].any():
         st.loc[st["dead"], "dead_reason"] = [_dead_reason(trace, r, row) for r, row in st[st["dead"]].iterrows()]
     return st
+
+
+# end messages that say the rank failed because a peer went away or did not answer, not of its own error
+PEER_ERROR = (r"(?i)connection (?:closed|reset|refused)|(?:closed|reset) by peer|broken pipe|remote (?:process|peer)"
+              r"|communicator was aborted|timed? ?out|timeout|terminated by SIGTERM")
 
 
 _MISSING = {
@@ -214,6 +228,9 @@ def _dead_reason(trace: Trace, r: int, row: pd.Series) -> str:
         code = "" if pd.isna(row.exitcode) else f"exit code {int(row.exitcode)}"
         msg = str(row.end_message).strip().splitlines()[0][:120] if str(row.end_message).strip() else ""
         head = "failed" + (f" ({code}{': ' if code and msg else ''}{msg})" if code or msg else "") + at_step
+        if msg:   # where its error was raised: the user's frame of the dump its exception left
+            frame, _ = user_frame(trace, r, -1, trace.end_ns, latest=True)
+            head += f", raised at {frame}" if frame else ""
     elif life:
         return f"stopped {life}{at_step.replace(' at ', ', last at ')}"
     else:
