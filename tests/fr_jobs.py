@@ -179,6 +179,33 @@ def make_dumps(scenario: str, world: int, culprit: int, out: Path, deadline_s: f
     return out
 
 
+def make_dumps_fresh(specs: list[tuple[str, int, int]], out: Path, deadline_s: float = 240.0) -> list[Path]:
+    """`make_dumps` for each (scenario, world, culprit), in one fresh interpreter, one after another.
+
+    Why: the ranks are forked, and a fork inherits the parent's Flight Recorder buffer. Forked from a
+    test process that ran collectives of its own (the tracer's unit tests do), the dumps held those
+    entries too, with their groups and stack frames, and the verdicts were about them. (Run at once,
+    the scenarios' ranks are slow enough on 2 cores to time out where they should not.)"""
+    import json
+    import subprocess
+    import sys
+    code = ("import json, sys; import torch, torch.distributed; "   # imported once, before the ranks fork
+            "sys.path.insert(0, sys.argv[1]); from fr_jobs import make_dumps; "
+            "print(json.dumps([str(make_dumps(sc, w, c, sys.argv[2])) for sc, w, c in json.loads(sys.argv[3])]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).resolve().parent), str(out),
+                             json.dumps(specs)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        stdout, stderr = proc.communicate(timeout=deadline_s)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"making the dumps failed: {stderr[-2000:]}")
+    return [Path(p) for p in json.loads(stdout.strip().splitlines()[-1])]
+
+
 def _is_tp(members: list[int]) -> bool:
     return len(members) == 2 and members[1] - members[0] == 1
 

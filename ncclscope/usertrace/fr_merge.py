@@ -110,8 +110,9 @@ _STDLIB = re.compile(r"[/\\]lib[/\\]python\d+(\.\d+)?[/\\](?!site-packages|dist-
 
 def is_user_file(filename: str) -> bool:
     """A frame's file is the user's: not torch, ncclscope, the stdlib or the interpreter's own (<frozen ...>)."""
-    return bool(filename) and not filename.startswith("<") and not any(m in filename for m in _LIB) \
-        and not _STDLIB.search(filename)
+    path = "/" + filename      # a relative frame path ("runtime/usertrace/ops.py") matches as an absolute one
+    return bool(filename) and not filename.startswith("<") and not any(m in path for m in _LIB) \
+        and not _STDLIB.search(path)
 
 
 def _site(frames: Any) -> str:
