@@ -59,13 +59,19 @@ def _plan(world: int, swap: bool) -> list[list[int]]:
     return dp + tp if swap else tp + dp
 
 
+_STARTED_NS = [0]   # when this forked rank started (set in _rank)
+
+
 def _dump(out: Path, rank: int, pg_config: dict | None = None) -> None:
+    """This rank's Flight Recorder buffer, without the entries a fork inherited: forked from a test
+    process that ran collectives of its own (the tracer's unit tests do), the buffer holds those
+    too, with their groups and stack frames, and the verdicts were about them."""
     import torch
-    data = torch._C._distributed_c10d._dump_fr_trace()
+    d = pickle.loads(torch._C._distributed_c10d._dump_fr_trace())
+    d["entries"] = [e for e in d.get("entries", []) if int(e.get("time_created_ns", 0) or 0) >= _STARTED_NS[0]]
     if pg_config is not None:      # emulate the pg_config an NCCL job writes (gloo leaves it empty)
-        d = pickle.loads(data)
         d["pg_config"] = pg_config
-        data = pickle.dumps(d)
+    data = pickle.dumps(d)
     tmp = out / f".tmp{rank}"
     tmp.write_bytes(data)
     os.replace(tmp, out / f"nccl_trace_rank_{rank}")
@@ -94,6 +100,7 @@ def _grad_sync(g, group):                      # the gradient all-reduce a DP wr
 
 
 def _rank(scenario: str, rank: int, world: int, culprit: int, port: int, out: str) -> None:  # forked child
+    _STARTED_NS[0] = time.time_ns()
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     import torch.distributed as dist
@@ -177,33 +184,6 @@ def make_dumps(scenario: str, world: int, culprit: int, out: Path, deadline_s: f
                 p.kill()
             p.join(5)
     return out
-
-
-def make_dumps_fresh(specs: list[tuple[str, int, int]], out: Path, deadline_s: float = 240.0) -> list[Path]:
-    """`make_dumps` for each (scenario, world, culprit), in one fresh interpreter, one after another.
-
-    Why: the ranks are forked, and a fork inherits the parent's Flight Recorder buffer. Forked from a
-    test process that ran collectives of its own (the tracer's unit tests do), the dumps held those
-    entries too, with their groups and stack frames, and the verdicts were about them. (Run at once,
-    the scenarios' ranks are slow enough on 2 cores to time out where they should not.)"""
-    import json
-    import subprocess
-    import sys
-    code = ("import json, sys; import torch, torch.distributed; "   # imported once, before the ranks fork
-            "sys.path.insert(0, sys.argv[1]); from fr_jobs import make_dumps; "
-            "print(json.dumps([str(make_dumps(sc, w, c, sys.argv[2])) for sc, w, c in json.loads(sys.argv[3])]))")
-    proc = subprocess.Popen([sys.executable, "-c", code, str(Path(__file__).resolve().parent), str(out),
-                             json.dumps(specs)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        stdout, stderr = proc.communicate(timeout=deadline_s)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, 9)
-            proc.communicate()
-    if proc.returncode != 0:
-        raise RuntimeError(f"making the dumps failed: {stderr[-2000:]}")
-    return [Path(p) for p in json.loads(stdout.strip().splitlines()[-1])]
 
 
 def _is_tp(members: list[int]) -> bool:

@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 torch = pytest.importorskip("torch")
-from fr_jobs import OP_TIMEOUT_S, make_dumps_fresh, reorder_groups  # noqa: E402
+from fr_jobs import OP_TIMEOUT_S, make_dumps, reorder_groups  # noqa: E402
 
 from ncclscope.analysis import run  # noqa: E402
 from ncclscope.analysis.group_order import creation_order_findings  # noqa: E402
@@ -34,8 +34,8 @@ WORLD = 4
 @pytest.fixture(scope="module")
 def dumps(tmp_path_factory):
     base = tmp_path_factory.mktemp("fr-verdicts")
-    specs = [("wrong_group", WORLD, 1), ("group_order", WORLD, 2), ("healthy", WORLD, 0)]
-    return {sc: path for (sc, _, _), path in zip(specs, make_dumps_fresh(specs, base))}
+    return {sc: make_dumps(sc, WORLD, culprit, base) for sc, culprit in
+            (("wrong_group", 1), ("group_order", 2), ("healthy", 0))}
 
 
 def _analyze(path: Path):
