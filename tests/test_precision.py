@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -244,25 +245,27 @@ def test_watchdog_judges_an_op_by_its_own_history(tmp_path: Path) -> None:
 # ---- real healthy runs: exit 0, no warning ----
 LAYOUTS = {
     "dp4": ["--dp", "4"],
-    "tp2-dp2": ["--tp", "2", "--dp", "2"],
+    "tp2-dp2-zero1": ["--tp", "2", "--dp", "2", "--zero", "1"],
+    "pp2-gpipe": ["--pp", "2", "--schedule", "gpipe", "--microbatches", "2"],
     "pp2-1f1b-dp2": ["--pp", "2", "--dp", "2", "--microbatches", "4", "--batch-size", "16"],
     "pp2-interleaved-dp2": ["--pp", "2", "--dp", "2", "--schedule", "interleaved", "--vpp", "2", "--n-layer", "4",
                             "--microbatches", "4", "--batch-size", "16"],
     "cp2-dp2": ["--cp", "2", "--dp", "2"],
-    "dp2-ep2": ["--dp", "2", "--ep", "2"],
+    "dp2-ep2-zero2": ["--dp", "2", "--ep", "2", "--zero", "2"],
     "tp2-pp2-dp2": ["--tp", "2", "--pp", "2", "--dp", "2", "--microbatches", "4", "--batch-size", "16"],
 }
 
 
 @pytest.fixture(scope="module")
-def healthy_runs(zygote) -> dict[str, Path]:
+def healthy_runs(zygote) -> dict[str, Any]:
     """Each layout run as `ncclscope train` through the suite's warm zygote (conftest: torch is imported
-    once for all of them, not once per job: ~3 s per layout on 2 cores)."""
+    once for all of them, not once per job: ~3 s per layout on 2 cores). These are the suite's healthy
+    jobs of every layout (tests/test_drills_e2e.py runs the faulty ones)."""
     out = {}
     for name, layout in LAYOUTS.items():
         job = zygote.run(f"precision-{name}", [*layout, "--steps", "3"], timeout=150)
         assert (job.run_dir / S.RUN_JSON).exists(), f"{name}: {job.train_err[-2000:]}"
-        out[name] = job.run_dir
+        out[name] = job
     return out
 
 
@@ -270,12 +273,18 @@ def healthy_runs(zygote) -> dict[str, Path]:
 @pytest.mark.e2e
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("name", list(LAYOUTS))
-def test_healthy_layout_exits_0_with_no_warning(healthy_runs: dict[str, Path], name: str) -> None:
-    trace = load(healthy_runs[name])
-    assert trace.run.get("end_reason") == "completed"
+def test_healthy_layout_exits_0_with_no_warning(healthy_runs: dict[str, Any], name: str) -> None:
+    from test_drills_e2e import _assert_no_orphans
+    job = healthy_runs[name]
+    trace = load(job.run_dir)
+    assert trace.run.get("end_reason") == "completed", job.explain()
+    assert job.result.get("rc_train") == 0 and not job.errors(), job.explain()
     a = analyse(trace)
     serious = [f"{f.severity}: {f.title}" for f in a.findings if f.severity in ("warning", "error")]
     assert a.exit_code == 0 and not serious and a.verdict.startswith("OK"), (a.verdict, serious)
+    lines = [ln for ln in job.train_out.splitlines() if ln.strip()]
+    assert lines and lines[0] == job.verdict == a.verdict     # `ncclscope train` prints the verdict first
+    _assert_no_orphans(job)
 
 
 # ---- stragglers: power and the noise of the other pipeline positions ----
