@@ -142,13 +142,19 @@ def test_chain_across_two_groups_ends_at_the_killed_rank():
     assert any("indirectly" in e.note and e.rank == 0 for e in h.evidence)
 
 
-def test_chain_ends_at_a_rank_stuck_in_compute():
+def _rank_2_never_posts(step: int, start: float) -> TraceBuilder:
+    """dp0 of 4 ranks: all complete #1 at `step`; ranks 0,1,3 then wait in #2 from `start`, rank 2 never posts it."""
     b = TraceBuilder(4, groups={"dp0": [0, 1, 2, 3]})
     alive(b, range(4))
     for r in range(4):
-        b.collective(r, "dp0", 1, start=1.0, end=1.2, step=6)
+        b.collective(r, "dp0", 1, start=1.0, end=1.2, step=step)
     for r in (0, 1, 3):
-        b.collective(r, "dp0", 2, start=3.0, step=7)
+        b.collective(r, "dp0", 2, start=start, step=step + 1)
+    return b
+
+
+def test_chain_ends_at_a_rank_stuck_in_compute():
+    b = _rank_2_never_posts(6, 3.0)
     b.compute(2, "forward", start=1.5, end=2.0, step=7)
     b.compute(2, "backward", start=2.0, step=7)
     b.stacks(2, FAULTHANDLER_DUMP)
@@ -201,12 +207,7 @@ def test_a_sigterm_to_the_whole_job_is_not_a_death(launcher):
 def test_a_rank_stuck_outside_any_op_is_placed_by_its_latest_stack_dump():
     """No traced op says where rank 2 is; the stacks it dumped do (a timeout's, then SIGTERM's): the
     verdict names the user's frame of the latest dump taken after its last op, not an earlier one."""
-    b = TraceBuilder(4, groups={"dp0": [0, 1, 2, 3]})
-    alive(b, range(4))
-    for r in range(4):
-        b.collective(r, "dp0", 1, start=1.0, end=1.2, step=2)
-    for r in (0, 1, 3):
-        b.collective(r, "dp0", 2, start=2.0, step=3)
+    b = _rank_2_never_posts(2, 2.0)
     def dump(t: float, where: str) -> str:
         return (f"=== ncclscope rank 2: SIGTERM received at {b.ns(t)} ns ===\n"
                 + FAULTHANDLER_DUMP.replace('"/app/model.py", line 212 in backward_hook', where))
