@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -73,6 +74,8 @@ def launch(script: str, script_args: list[str], nproc: int = 1, out: str = "", t
     failures: dict[int, Any] = {}
     end_reason, term_signal = "completed", 0
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    if threading.current_thread() is not threading.main_thread():
+        previous = {}      # only the main thread may install handlers (the agent needs it too)
     for sig in previous:   # until the agent installs its own: a SIGTERM now would leave run.json "running"
         signal.signal(sig, _raise_terminated)
     try:
