@@ -34,7 +34,7 @@ import torch.distributed.distributed_c10d as c10d
 from ncclscope import schema as S
 
 from .callsite import call_site, text_of
-from .opspec import NO_META, OWN_SEQ, REDUCE_NAMES, a2a_splits, list_meta, positions, tensor_meta, tls
+from .opspec import NO_META, OWN_SEQ, REDUCE_NAMES, a2a_splits, arg, list_meta, positions, tensor_meta, tls
 
 
 NOT_MEMBER_NOTE = ("called on a process group this rank is not a member of: torch returned at once, "
@@ -67,7 +67,6 @@ class OpsMixin:
         own_seq = fname in OWN_SEQ
         # all_to_all_single: what each member sends to and expects from each other is part of the call
         a2a = fname == "all_to_all_single"
-        i_out, i_isp, i_osp = pos.get("output", -1), pos.get("input_split_sizes", -1), pos.get("output_split_sizes", -1)
         rooted = kind == S.KIND_COLLECTIVE and bool(peer_arg)   # broadcast, reduce, gather, scatter (+ _object)
         rec = self.rec
         begin, end = rec.begin, rec.end
@@ -141,10 +140,8 @@ class OpsMixin:
             if rooted and peer >= 0:   # the root is part of what every member must agree on
                 reduce_op = f"{reduce_op}, root {peer}" if reduce_op else f"root {peer}"
             if a2a:
-                out_t = args[i_out] if 0 <= i_out < n else kwargs.get("output")
-                sizes += a2a_splits(t, out_t, args[i_isp] if 0 <= i_isp < n else kwargs.get("input_split_sizes"),
-                                    args[i_osp] if 0 <= i_osp < n else kwargs.get("output_split_sizes"),
-                                    len(g.ranks))
+                sizes += a2a_splits(t, arg(args, kwargs, pos, "output"), arg(args, kwargs, pos, "input_split_sizes"),
+                                    arg(args, kwargs, pos, "output_split_sizes"), len(g.ranks))
             is_async = always_async or bool(args[i_async] if 0 <= i_async < n else kwargs.get("async_op", False))
             site = call_site()
             # positional, in Recorder.begin's order: keyword matching is a tenth of this path's cost
