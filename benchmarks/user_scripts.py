@@ -38,6 +38,7 @@ CASES: dict[str, tuple[int, str, list[list[int]]]] = {
     "extra_barrier": (4, "collective_mismatch", [[0]]),
     "skip_step": (4, "hang", [[2]]),
     "skip_nostep": (4, "hang", [[2]]),
+    "log_extra": (4, "hang", [[1]]),
 }
 
 # script -> seconds after the hang begins when the job gets SIGTERM (as a scheduler's time limit would)

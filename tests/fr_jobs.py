@@ -15,6 +15,8 @@ platform-notes.md). Scenarios (culprit = the rank that deviates):
     wrong_group  the culprit issues the tp call site's all_reduce on its dp group at step 2
     size / dtype / type   the culprit's dp all_reduce at step 2 has another size / dtype / is a broadcast
     dead         the culprit exits at step 2 (no dump, as a killed process leaves none)
+    extra        the culprit, alone, all-reduces a scalar (its loss, for logging) on the world group at
+                 step 2, behind an `if` on its rank: an op no peer ever posts
     stuck        the culprit sleeps in "compute" at step 2 past its peers' timeout (on a dump this
                  reads as a rank that never posted the op: a hang rooted at the culprit)
     group_order  the culprit creates the dp groups before the tp groups; every rank then fails inside
@@ -35,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-SCENARIOS = ("healthy", "skip", "wrong_group", "size", "dtype", "type", "dead", "stuck", "group_order")
+SCENARIOS = ("healthy", "skip", "wrong_group", "size", "dtype", "type", "dead", "stuck", "group_order", "extra")
 STEPS = 4
 BAD_STEP = 2
 OP_TIMEOUT_S = 3.0
@@ -43,7 +45,7 @@ WARM_TIMEOUT_S = 60.0   # steps before BAD_STEP: a loaded machine connects a new
 # the kind of headline each scenario must produce (what the analyzer should say)
 EXPECTED_KIND = {"skip": "hang", "wrong_group": "wrong_group", "size": "collective_mismatch",
                  "dtype": "collective_mismatch", "type": "collective_mismatch", "dead": "dead_rank",
-                 "stuck": "hang", "group_order": "group_mismatch", "healthy": None}
+                 "stuck": "hang", "extra": "hang", "group_order": "group_mismatch", "healthy": None}
 
 
 def _free_port() -> int:
@@ -146,6 +148,10 @@ def _rank(scenario: str, rank: int, world: int, culprit: int, port: int, out: st
             break
         if bad and scenario == "skip":
             break
+        if bad and scenario == "extra":
+            ok = _wait(dist.all_reduce(torch.ones(1), async_op=True), outp, rank, timeout_s=tmo)
+            if not ok:
+                break
         g = grad
         if bad and scenario == "size":
             g = torch.ones(24)

@@ -36,10 +36,11 @@ from ..findings import Evidence, Finding, WaitSummary
 from .census import step_census_deviations
 from .index import IndexLike, as_index
 from .labels import fmt_ranks, rank_label, seconds
+from .loop_order import looped, loop_leavers
 from .p2p_pairs import direction
 from .stacks import user_frame
 from .waitgraph import WaitGraph, wait_graph
-from .wording import (MAX_EVIDENCE, WaitContext, edge_desc, op_desc, op_evidence, payload, since, sort_key,
+from .wording import (MAX_EVIDENCE, WaitContext, at_site, edge_desc, op_desc, op_evidence, payload, since, sort_key,
                       waiter_evidence, waiting_summary, wanted_desc)
 
 MAX_ROOTS_PER_ROLE = 4           # more chain ends of one kind are reported as one finding
@@ -187,6 +188,8 @@ def _skip_suspects(ctx: WaitContext, inside: pd.DataFrame) -> pd.DataFrame | Non
     bc = b[b["kind"] == S.KIND_COLLECTIVE][["rank", "process_group"]]
     elsewhere = e.merge(bc.rename(columns={"rank": "target", "process_group": "target_group"}), on="target")
     elsewhere = elsewhere[elsewhere["target_group"] != elsewhere["process_group"]].drop(columns="target_group")
+    elsewhere = pd.concat([elsewhere, loop_leavers(ctx, e0[2 * e0["n_began"] <= e0["n_members"]])],
+                          ignore_index=True)
     # Or the target went on to a later training step (blocked in a p2p op of the next step, say, under
     # context parallelism): it skipped the instance, whatever it is blocked in now.
     wstep = b[["rank", "op_id", "step"]].rename(columns={"rank": "waiter", "step": "waiter_step"})
@@ -276,10 +279,11 @@ def _skip_finding(ctx: WaitContext, comp: list[int], cycle: list[int], involved:
     g, k = str(e["process_group"]), int(e["seq"])
     waiters = set(involved) - set(roots)
     rb = ctx.blocking[ctx.blocking["rank"].isin(roots)]
-    went = ", ".join(op_desc(ctx, r) for r in rb.drop_duplicates("rank").head(2).itertuples(index=False))
+    went = ", ".join(op_desc(ctx, r) + at_site(r) for r in rb.drop_duplicates("rank").head(2).itertuples(index=False))
     summary, start, direct = waiting_summary(ctx, waiters, roots)
     title = (f"{rank_label(ctx.trace, roots)} never posted {e['op_name']} #{k} on {ctx.ix.label(g)} "
-             f"({int(e['n_began'])} of {int(e['n_members'])} members did) and went on to {went}")
+             f"({int(e['n_began'])} of {int(e['n_members'])} members did"
+             f"{'; every earlier iteration of its loop did' if looped(e) else ''}) and went on to {went}")
     if summary:
         title += f"; {summary}"
     ev = [op_evidence(r, f"{r.status}: blocked here instead of {g} #{k}{since(ctx.end, r.start_ns, ', since ')}")

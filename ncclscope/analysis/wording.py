@@ -110,6 +110,13 @@ def op_desc(ctx: WaitContext, row: object) -> str:
     return f"{row.op_name} #{int(seq)} {prep} rank {int(row.peer)}"
 
 
+def at_site(row: object) -> str:
+    """" at train.py:30" where the op's row records the user's call site, else "": where a rank went instead
+    is the line a user opens."""
+    site = str(getattr(row, "call_site", "") or "")
+    return f" at {site}" if site and site != "nan" else ""
+
+
 def waiting_summary(ctx: WaitContext, waiters: set[int], roots: Iterable[int]) -> tuple[str, int, list[int]]:
     """("ranks 0,1,2 waiting since 6.0 s in all_reduce #9 on dp1[1,3]", start_ns, direct waiters)."""
     if not waiters:

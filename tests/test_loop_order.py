@@ -1,0 +1,83 @@
+"""The tie-break for a hang in a two-member group: the rank that left its own loop (analysis/loop_order.py).
+
+4 ranks, tp groups {0,1} {2,3}, dp groups {0,2} {1,3}; each iteration issues a tp all_reduce (model.py:5)
+then a dp all_reduce (train.py:9). In iteration 2 rank 1 also all-reduces its loss on the world group
+(train.py:30), behind an `if` on its rank. Its dp partner 3 then waits alone in dp #3 ("1 of 2 members
+began it": no majority), rank 0 waits in tp #4 on rank 1, rank 1 in world #2 on everyone: a cycle. The
+sequences say who left: rank 1's stops repeating at train.py:30, where its loop issues the dp op.
+"""
+from __future__ import annotations
+
+import pytest
+
+from ncclscope.analysis import run
+from ncclscope.analysis.loop_order import departure, keeps_loop
+from ncclscope.analysis.index import as_index
+from trace_builder import TraceBuilder
+
+GROUPS = {"world": [0, 1, 2, 3], "tp0": [0, 1], "tp1": [2, 3], "dp0": [0, 2], "dp1": [1, 3]}
+TP = {0: "tp0", 1: "tp0", 2: "tp1", 3: "tp1"}
+DP = {0: "dp0", 2: "dp0", 1: "dp1", 3: "dp1"}
+
+
+def _job(step: int, extra: bool = True, iterations: int = 4) -> TraceBuilder:
+    """`iterations` of tp then dp; with `extra`, rank 1's world all_reduce at iteration 2 (see the module)."""
+    b = TraceBuilder(4, groups=GROUPS)
+    for r in range(4):
+        t = 0.1
+        b.collective(r, "world", 1, op="broadcast", start=t, end=t + 0.01, call_site="train.py:3", step=step)
+        for i in range(iterations):
+            last = extra and i == 2
+            t += 0.1
+            # rank 0's tp #4 and rank 2's tp #4 wait on partners that never come
+            stuck_tp = extra and i == 3
+            b.collective(r, TP[r], i + 1, start=t, end=None if stuck_tp else t + 0.01, call_site="model.py:5",
+                         step=step)
+            if stuck_tp:
+                break
+            if last and r == 1:
+                b.collective(r, "world", 2, start=t + 0.02, end=None, call_site="train.py:30", step=step)
+                break
+            t += 0.1
+            stuck_dp = last and r == 3
+            b.collective(r, DP[r], i + 1, start=t, end=None if stuck_dp else t + 0.01, call_site="train.py:9",
+                         step=step, sizes="[[256]]")
+            if stuck_dp:
+                break
+        b.heartbeats(r, 0.0, 5.0)
+    return b
+
+
+@pytest.mark.parametrize("step", [-1, 0], ids=["no-steps-like-a-dump", "one-step-like-a-run"])
+def test_the_rank_that_left_its_loop_is_the_root(step):
+    a = run(_job(step).build())
+    assert a.root_ranks == [1], a.verdict
+    assert a.verdict.startswith("HANG: rank 1 never posted all_reduce #3 on dp1[1,3] (1 of 2 members did; "
+                                "every earlier iteration of its loop did) and went on to all_reduce #2 on world"), \
+        a.verdict
+
+
+def test_departure_and_regularity_on_the_sequences():
+    trace = _job(-1).build()
+    coll = as_index(trace).coll
+    d = departure(coll, 1)
+    assert d is not None and (d.expected_group, d.expected_site) == ("dp1", "train.py:9")
+    assert not keeps_loop(coll, 1)
+    assert all(keeps_loop(coll, r) and departure(coll, r) is None for r in (0, 2, 3))
+
+
+def test_a_first_iteration_swap_stays_a_deadlock():
+    """No repetition before the hang: nothing says which of the two left, so nobody is blamed alone."""
+    b = TraceBuilder(2, groups={"a": [0, 1], "b": [0, 1]})
+    b.collective(0, "a", 1, start=0.1, end=None, call_site="x.py:1")
+    b.collective(1, "b", 1, start=0.1, end=None, call_site="x.py:2")
+    for r in (0, 1):
+        b.heartbeats(r, 0.0, 3.0)
+    a = run(b.build())
+    assert a.verdict.startswith("DEADLOCK"), a.verdict
+    assert a.root_ranks == [0, 1]
+
+
+def test_the_loop_without_the_extra_call_is_healthy():
+    a = run(_job(-1, extra=False).build())
+    assert a.verdict.startswith("OK"), a.verdict
