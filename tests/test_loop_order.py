@@ -81,3 +81,45 @@ def test_a_first_iteration_swap_stays_a_deadlock():
 def test_the_loop_without_the_extra_call_is_healthy():
     a = run(_job(-1, extra=False).build())
     assert a.verdict.startswith("OK"), a.verdict
+
+
+def _ring(wrong_at: int | None) -> TraceBuilder:
+    """4 ranks in a ring (0 -> 1 -> 2 -> 3 -> 0), send (ring.py:5) and recv (ring.py:6) then an all_reduce
+    (ring.py:7) per iteration, every op in step 0; at iteration `wrong_at` rank 0 sends to rank 2."""
+    b = TraceBuilder(4, groups={"world": [0, 1, 2, 3]})
+    sent = {(r, q): 0 for r in range(4) for q in range(4)}
+    got = dict(sent)
+    for r in range(4):
+        t = 0.0
+        for i in range(4):
+            nxt, prv = (r + 1) % 4, (r - 1) % 4
+            wrong = r == 0 and i == wrong_at
+            nxt = 2 if wrong else nxt
+            stuck = wrong_at is not None and i == wrong_at
+            calls = [("send", nxt, "ring.py:5"), ("recv", prv, "ring.py:6")]
+            calls = calls if r % 2 == 0 else calls[::-1]
+            for op, q, site in calls:
+                t += 0.1
+                box = sent if op == "send" else got
+                box[(r, q)] += 1
+                b.p2p(r, op, q, box[(r, q)], start=t, end=None if stuck else t + 0.01, call_site=site, step=0)
+                if stuck:
+                    break
+            if stuck:
+                break
+            t += 0.1
+            b.collective(r, "world", i + 1, start=t, end=t + 0.01, call_site="ring.py:7", step=0)
+        b.heartbeats(r, 0.0, 5.0)
+    return b
+
+
+def test_a_send_to_the_wrong_peer_in_a_loop_names_the_sender():
+    a = run(_ring(wrong_at=2).build())
+    assert a.root_ranks == [0], a.verdict
+    assert a.verdict.startswith("UNMATCHED P2P: rank 0 left its loop in iteration 2: where its previous iteration "
+                                "posted send to rank 1 (ring.py:5), it posted send to rank 2 (ring.py:5)"), a.verdict
+
+
+def test_a_healthy_ring_is_ok():
+    a = run(_ring(wrong_at=None).build())
+    assert a.verdict.startswith("OK"), a.verdict

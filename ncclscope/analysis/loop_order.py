@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from .. import schema as S
-from .repetition import MAX_PERIOD, MIN_REPEATS, virtual_steps
+from .repetition import repeats_to_end, virtual_steps
 from .wording import WaitContext
 
 MAX_LOOP_CHECKS = 16             # tied edges whose ranks' loops are read
@@ -71,18 +71,7 @@ def departure(coll: pd.DataFrame, rank: int) -> Departure | None:
 
 def keeps_loop(coll: pd.DataFrame, rank: int) -> bool:
     """Does the rank's whole sequence, to its last call, repeat one loop body at least MIN_REPEATS times?"""
-    toks = _tokens(_sequence(coll, rank))
-    n = len(toks)
-    if n < 2 * MIN_REPEATS + 1:
-        return False
-    codes = pd.factorize(pd.Series(toks, dtype=object))[0]
-    for p in range(1, min(MAX_PERIOD, n // MIN_REPEATS) + 1):
-        ok = codes[p:] == codes[:-p]
-        bad = np.flatnonzero(~ok)
-        start = int(bad[-1]) + 1 if len(bad) else 0       # the repetition runs from here to the end
-        if n - start >= MIN_REPEATS * p + 1:
-            return True
-    return False
+    return repeats_to_end(_tokens(_sequence(coll, rank)))
 
 
 def left_loop_at(coll: pd.DataFrame, target: int, blocked_op_id: int, group: str) -> Departure | None:

@@ -16,7 +16,10 @@ from a. What is left over is the evidence:
   it posted the counterpart at this point of the step, in step s it went to
   another call site and never posted it, while the poster repeats its own
   step s-1): the absent side skipped it (`with_departure`), the first
-  deviation behind the deadlock or hang between them.
+  deviation behind the deadlock or hang between them. Without step numbers
+  (a loop with no optimizer step) the iterations of the rank's loop stand in
+  for steps (`loop_iterations`, repetition.py): there a send to the wrong peer
+  from the loop's own call site is a departure too.
 
 Vectorised: one outer merge of the sends against the recvs (p2p_pairs.py, built once
 by the index).
@@ -32,6 +35,7 @@ from .. import schema as S
 from ..findings import Evidence, Finding
 from .index import IndexLike, TraceIndex, as_index
 from .labels import rank_label
+from .repetition import repeats_to_end, virtual_steps
 from .wording import since
 
 
@@ -126,18 +130,43 @@ def _unmatched_findings(ix: TraceIndex, unmatched: pd.DataFrame, max_findings: i
 # --------------------------------------------------------------------------
 # The absent side left its own routine: a skipped p2p
 # --------------------------------------------------------------------------
-def step_tokens(ix: TraceIndex, rank: int, step: int) -> list[tuple[str, str, int, str]]:
-    """`rank`'s comm ops of one step in order, as (call site, direction or op name, peer, op name):
-    p2p ops by direction (send/isend are one token) and peer, collectives by op name."""
+def step_tokens(ix: TraceIndex, rank: int, step: int | None) -> list[tuple[str, str, int, str]]:
+    """`rank`'s comm ops of one step (every step: None) in order, as (call site, direction or op name, peer,
+    op name): p2p ops by direction (send/isend are one token) and peer, collectives by op name."""
     p, c = ix.p2p, ix.coll
-    ps = p[(p["rank"].to_numpy() == rank) & (p["step"].to_numpy() == step)]
-    cs = c[(c["rank"].to_numpy() == rank) & (c["step"].to_numpy() == step)]
-    rows = [(int(t), str(site), str(d), int(q), str(op)) for t, site, d, q, op in
-            zip(ps["start_ns"], ps["call_site"].astype(str), ps["direction"].astype(str), ps["peer"],
+    pm, cm = p["rank"].to_numpy() == rank, c["rank"].to_numpy() == rank
+    if step is not None:
+        pm, cm = pm & (p["step"].to_numpy() == step), cm & (c["step"].to_numpy() == step)
+    ps, cs = p[pm], c[cm]
+    rows = [(int(t), int(i), str(site), str(d), int(q), str(op)) for t, i, site, d, q, op in
+            zip(ps["start_ns"], ps["op_id"], ps["call_site"].astype(str), ps["direction"].astype(str), ps["peer"],
                 ps["op_name"].astype(str))]
-    rows += [(int(t), str(site), str(op), -1, str(op)) for t, site, op in
-             zip(cs["start_ns"], cs["call_site"].astype(str), cs["op_name"].astype(str))]
-    return [r[1:] for r in sorted(rows)]
+    rows += [(int(t), int(i), str(site), str(op), -1, str(op)) for t, i, site, op in
+             zip(cs["start_ns"], cs["op_id"], cs["call_site"].astype(str), cs["op_name"].astype(str))]
+    return [r[2:] for r in sorted(rows)]
+
+
+def loop_iterations(ix: TraceIndex, r: int, q: int) -> tuple[list, list, int] | None:
+    """For a trace without step numbers: (rank r's tokens in the iteration of its loop where it broke the
+    repetition, its tokens in the iteration before, that iteration's number), when rank q kept its own
+    loop to its last call (repetition.py); else None."""
+    toks = step_tokens(ix, r, None)
+    rep = virtual_steps([repr(t[:3]) for t in toks])
+    if rep is None or not repeats_to_end([repr(t[:3]) for t in step_tokens(ix, q, None)]):
+        return None
+    steps, brk = rep
+    v = int(steps[brk])
+    if v < 1:
+        return None
+    return [t for t, st in zip(toks, steps) if st == v], [t for t, st in zip(toks, steps) if st == v - 1], v
+
+
+def _one_step(ix: TraceIndex, rank: int) -> bool:
+    """Are all of the rank's comm ops in one step (no step numbers: a dump, a loop without an optimizer)?"""
+    p, c = ix.p2p, ix.coll
+    steps = np.concatenate([p["step"].to_numpy()[p["rank"].to_numpy() == rank],
+                            c["step"].to_numpy()[c["rank"].to_numpy() == rank]])
+    return len(steps) > 0 and int(steps.min()) == int(steps.max())
 
 
 def _same(a: tuple, b: tuple) -> bool:
@@ -156,29 +185,46 @@ def with_departure(ix: TraceIndex, f: Finding) -> Finding:
     with, or when the poster left its own routine too (nothing says which of them deviated)."""
     d = f.data
     r, q, s = int(d["absent"]), int(d["poster"]), int(d.get("op_step", -1))
-    if s < 1:
-        return f
     other = "recv" if d["side"] == "send" else "send"
-    got, ref = step_tokens(ix, r, s), step_tokens(ix, r, s - 1)
-    mine, mine_ref = step_tokens(ix, q, s), step_tokens(ix, q, s - 1)
-    if not got or not ref or not mine or len(mine) > len(mine_ref):
+    virtual = s < 1 and _one_step(ix, r)
+    if virtual:                                # no step numbers: the loop's repetitions stand in for steps
+        it = loop_iterations(ix, r, q)
+        if it is None:
+            return f
+        got, ref, s = it
+    elif s < 1:
         return f
-    if not all(_same(a, b) for a, b in zip(mine, mine_ref)):
-        return f                               # the poster departed from its own routine too
+    else:
+        got, ref = step_tokens(ix, r, s), step_tokens(ix, r, s - 1)
+        mine, mine_ref = step_tokens(ix, q, s), step_tokens(ix, q, s - 1)
+        if not got or not ref or not mine or len(mine) > len(mine_ref):
+            return f
+        if not all(_same(a, b) for a, b in zip(mine, mine_ref)):
+            return f                           # the poster departed from its own routine too
     i = next((j for j, (a, b) in enumerate(zip(got, ref)) if not _same(a, b)), -1)
     if i < 0:
         return f                               # a prefix of its previous step: it is just behind
     want = next((t for t in ref[i:] if t[1] == other and t[2] == q), None)
-    if want is None or got[i][0] == want[0] or any(t[1] == other and t[2] == q for t in got[i:]):
+    # Where it went must be another call (another site; in a loop, another op or peer at the same site)
+    there = got[i][:3] == want[:3] if virtual else got[i][0] == want[0]
+    if want is None or there or any(t[1] == other and t[2] == q for t in got[i:]):
         return f
     x_site, x_op = got[i][0], got[i][3]
     trace = ix.trace
     prep = "from" if other == "recv" else "to"
     went = f"{x_op}" + (f" {'to' if got[i][1] == 'send' else 'from'} rank {got[i][2]}" if got[i][2] >= 0 else "")
-    title = (f"{rank_label(trace, [r])} skipped the {other} {prep} rank {q} at step {s} ({want[0]}): where its "
-             f"step {s - 1} posted {want[3]} {prep} rank {q}, it went to {went} ({x_site}), so rank {q}'s "
-             f"{d.get('op_name', d['side'])} #{int(d['seq'])} (tag {int(d['tag'])}) {'to' if other == 'recv' else 'from'}"
-             f" it is never matched")
-    dep = {"step": s, "call_site": want[0], "went_site": x_site, "went_op": x_op, "position": i}
+    tail = (f"rank {q}'s {d.get('op_name', d['side'])} #{int(d['seq'])} (tag {int(d['tag'])}) "
+            f"{'to' if other == 'recv' else 'from'} it is never matched")
+    if virtual:
+        was = ref[i]
+        did = f"{was[3]}" + (f" {'to' if was[1] == 'send' else 'from'} rank {was[2]}" if was[2] >= 0 else "")
+        title = (f"{rank_label(trace, [r])} left its loop in iteration {s}: where its previous iteration posted "
+                 f"{did} ({was[0]}), it posted {went} ({x_site}) and never the {other} {prep} rank {q} "
+                 f"({want[0]}), so {tail}")
+    else:
+        title = (f"{rank_label(trace, [r])} skipped the {other} {prep} rank {q} at step {s} ({want[0]}): where its "
+                 f"step {s - 1} posted {want[3]} {prep} rank {q}, it went to {went} ({x_site}), so {tail}")
+    dep = {"step": s, "call_site": want[0], "went_site": x_site, "went_op": x_op, "position": i,
+           "basis": "loop" if virtual else "step"}
     return replace(f, title=title, data={**d, "departure": dep, "call_site": want[0]},
                    involved=sorted({r, q}))

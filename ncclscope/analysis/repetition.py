@@ -48,3 +48,19 @@ def virtual_steps(sites: list[str]) -> tuple[np.ndarray, int] | None:
     brk, p, o = best[0], -best[1], -best[2]
     idx = np.arange(n)
     return np.where(idx >= o, (idx - o) // p, -1), brk
+
+
+def repeats_to_end(sites: list[str]) -> bool:
+    """Does the sequence, to its last call, repeat one loop body at least MIN_REPEATS times (setup calls
+    before the loop aside)? The poster of an unmatched op, or a waiter, that does what it does every
+    iteration."""
+    n = len(sites)
+    if n < 2 * MIN_REPEATS + 1:
+        return False
+    codes = pd.factorize(pd.Series(sites, dtype=object))[0]
+    for p in range(1, min(MAX_PERIOD, n // MIN_REPEATS) + 1):
+        bad = np.flatnonzero(codes[p:] != codes[:-p])
+        start = int(bad[-1]) + 1 if len(bad) else 0       # calls from here on repeat with period p
+        if n - start >= MIN_REPEATS * p + 1:
+            return True
+    return False
