@@ -40,6 +40,7 @@ CASES: dict[str, tuple[int, str, list[list[int]]]] = {
     "skip_nostep": (4, "hang", [[2]]),
     "log_extra": (4, "hang", [[1]]),
     "wrong_peer": (4, "unmatched_p2p", [[0]]),
+    "ddp_skip": (4, "hang", [[2]]),
 }
 
 # script -> seconds after the hang begins when the job gets SIGTERM (as a scheduler's time limit would)

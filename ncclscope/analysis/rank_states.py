@@ -182,7 +182,10 @@ def rank_states(trace: Trace, ops: pd.DataFrame, blocking: pd.DataFrame, computi
     dead |= ~st["fail_block"] & (st["state"] == "killed")
     dead |= ~st["fail_block"] & st["compute_error"] & killed_or_failed
     st["dead"] = dead
-    st["computing"] = ~dead & ~st["blocked"] & ((st["computing_op"] != "") | st["hb_alive"])
+    # Heartbeats to the end say a rank was alive, not that it was working: one that then ended of itself
+    # (exit 0) had finished its script and was only winding down (destroy_process_group, exit handlers).
+    st["computing"] = ~dead & ~st["blocked"] & ((st["computing_op"] != "")
+                                                | (st["hb_alive"] & (st["state"] != "finished")))
     st["role"] = np.select([st["dead"], st["blocked"], st["computing"], st["state"] == "finished"],
                            ["dead", "blocked", "computing", "finished"], "idle")
     st["dead_reason"] = ""
