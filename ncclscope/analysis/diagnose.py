@@ -53,6 +53,7 @@ from .nonmember import find_nonmember_calls
 from .p2p import analyze_p2p
 from .schedule_check import analyze_schedule
 from .p2p_tags import tag_deviations
+from .p2p_sizes import size_deviations
 from .stacks import stack_for
 from .stopped import fr_roots
 from .waitfor import analyze_waits
@@ -101,8 +102,8 @@ def diagnose(trace: Trace, max_per_group: int = 5) -> Diagnosis:
     sched = analyze_schedule(ix)
     before = (skips_before_death(ix, roots) + mismatches_before_death(ix, roots) + find_late_arrivals(ix)
               + find_nonmember_calls(ix))
-    causes = (_with_deaths_inside(ix, cr.findings) + sched + before + tag_deviations(ix, pr.findings) + pr.findings
-              + gr.findings + context)
+    causes = (_with_deaths_inside(ix, cr.findings) + sched + before + tag_deviations(ix, pr.findings)
+              + size_deviations(ix) + pr.findings + gr.findings + context)
     findings = combine(trace, *fr_roots(ix, roots, causes))
     tables = {"wait_edges": wr.edges, "blocking_ops": wr.blocking, "rank_states": wr.ranks,
               "collective_instances": cr.instances, "collective_deviations": cr.deviations,
@@ -268,6 +269,8 @@ def explains(cause: Finding, root: Finding) -> bool:
         if cause.data.get("basis") == "sequence":       # the skip is in the rank's own record: any root it is in
             return bool(set(cause.ranks) & root.involved_ranks)
         return root.kind == "dead_rank" and bool(set(cause.ranks) & set(root.ranks))
+    if cause.kind == "collective_mismatch" and cause.data.get("p2p_pair"):   # a send/recv size change
+        return bool(set(cause.data["p2p_pair"]) & root.involved_ranks)
     inst = _instance(cause)
     if inst is None:
         return False
