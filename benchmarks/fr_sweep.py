@@ -134,14 +134,13 @@ def evidence_removed(scenario: str, variant: str, dumps: Path, world: int) -> st
 
 
 def judge_no_evidence(world: int, report: dict, expect: str) -> tuple[bool, bool]:
-    findings = report.get("findings", [])
+    """`judge` for a row `evidence_removed` marked: "silent" as a healthy job, "stopped" as the all-stopped
+    verdict naming every rank or none."""
     if expect == "silent":
-        ok = not any(f["severity"] in ("error", "warning") for f in findings)
-        return ok, ok
-    heads = [f for f in findings if f["data"].get("role") == "headline"]
-    if not heads:
-        return False, False
-    return sorted(heads[0]["ranks"]) in ([], list(range(world))), heads[0]["kind"] == "no_op_in_flight"
+        return judge("healthy", -1, report, {})
+    _, ok_kind = judge("stopped", -1, report, {"stopped": "no_op_in_flight"})
+    heads = [f for f in report.get("findings", []) if f["data"].get("role") == "headline"]
+    return bool(heads) and sorted(heads[0]["ranks"]) in ([], list(range(world))), ok_kind
 
 
 def main() -> int:
