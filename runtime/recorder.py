@@ -34,7 +34,7 @@ the flusher ~0.5 us per row (was 1.2-2 us), all of it holding the GIL:
 - `begin` takes its fields positionally too (one keyword match less per
   field); the op id comes from `itertools.count` (atomic under the GIL);
   the watchdog's history is updated in `end` through one dict lookup.
-- Integer columns go through numpy (`np.fromiter`), string columns through
+- Integer columns go through `array.array` (else numpy), string columns through
   two `str.join`s and numpy (`_strings`), a column with one value in the
   whole batch is `pa.repeat`ed (rank; -1 p2p fields in a collective-only
   batch; empty messages), floats and lists through `pa.array`. A value

@@ -15,8 +15,10 @@ from typing import Any
 
 import torch
 
+# the tracer's own directory too: this package may live outside ncclscope's (runtime/ in a source
+# checkout), and a wrapper that hands a call on to another (hotpath.py -> ops.py) adds a frame of its own
 _PKG_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-                  for m in (torch, sys.modules["ncclscope"]))
+                  for m in (torch, sys.modules["ncclscope"])) + (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -17,10 +17,12 @@ also counts p2p ops, which FR's never does: the wrapper remembers how far p2p
 moved it (`_p2p_shift`). p2p ops count per (direction, peer), as `ncclscope
 train` does.
 
-The hot path (`traced`) is what a tiny all_reduce pays on top of the call:
-argument positions are resolved once at install, the group is a dict hit,
-the call site a frame step and two dict hits (callsite.py), tensor metadata
-cached by (shape, dtype). `OpsMixin` is one facet of `tracer.Tracer`.
+The hot path is what a tiny all_reduce pays on top of the call: argument
+positions are resolved once at install, the group is a dict hit, the call
+site a frame step and two dict hits (callsite.py), tensor metadata cached by
+(shape, dtype). all_reduce and the other one-tensor, rootless collectives get
+a leaner wrapper still (hotpath.py), which hands anything unusual to the
+general one here. `OpsMixin` is one facet of `tracer.Tracer`.
 """
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ import torch.distributed.distributed_c10d as c10d
 from ncclscope import schema as S
 
 from .callsite import call_site, text_of
+from .hotpath import covers, make_fast
 from .opspec import NO_META, OWN_SEQ, REDUCE_NAMES, a2a_splits, arg, list_meta, positions, tensor_meta, tls
 
 
@@ -58,6 +61,27 @@ class OpsMixin:
     _last_activity: float
     ops: int
     _gpu: Any
+    _pending_lock: Any
+    patch_wait: Callable[[], None]
+
+    def settle(self, out: Any, op_id: int, is_async: bool, t: torch.Tensor | None) -> None:
+        """After the call returned: its end row now, or once its Work (async) or GPU event (a CUDA
+        tensor on NCCL) completes."""
+        cuda = t is not None and t.is_cuda
+        if is_async and out is not None and not isinstance(out, (int, list)):
+            self._on_complete(out, op_id, cuda)
+        elif cuda and self._gpu.track(op_id, t):
+            pass   # ends at GPU completion: the watch thread polls the event
+        else:
+            self._inflight.pop(op_id, None)
+            self.rec.end(op_id, S.STATUS_OK)
+
+    def hot_refs(self) -> tuple[Any, ...]:
+        """What a wrapper binds as locals once, for every one of its calls (a local is one load; an
+        attribute a dict lookup): the recorder's begin, groups, in-flight table, call sites, p2p shifts,
+        timeout in ms."""
+        return (self.rec.begin, self.groups, self._inflight, self._sites, self._p2p_shift,
+                int(self.timeout_s * 1000) if self.timeout_s else -1)
 
     def _wrap_op(self, fname: str, orig: Callable[..., Any], spec: tuple[Any, ...]) -> Callable[..., Any]:
         op_name, kind, in_arg, in_list, peer_arg, gpeer_arg, p2p_dir, always_async = spec
@@ -69,16 +93,9 @@ class OpsMixin:
         a2a = fname == "all_to_all_single"
         rooted = kind == S.KIND_COLLECTIVE and bool(peer_arg)   # broadcast, reduce, gather, scatter (+ _object)
         rec = self.rec
-        begin, end = rec.begin, rec.end
-        groups = self.groups
-        inflight = self._inflight
-        sites = self._sites
-        p2p_shift = self._p2p_shift
-        timeout_ms = int(self.timeout_s * 1000) if self.timeout_s else -1
+        begin, groups, inflight, sites, p2p_shift, timeout_ms = self.hot_refs()
         monotonic = time.monotonic
         Tensor = torch.Tensor
-        OK = S.STATUS_OK
-        gpu_track = self._gpu.track
 
         @functools.wraps(orig)
         def traced(*args: Any, **kwargs: Any) -> Any:
@@ -166,16 +183,11 @@ class OpsMixin:
                 if p2p_dir:
                     self._count_p2p(g.name, pg, before)
             tls.depth = 0
-            cuda = t is not None and t.is_cuda
-            if is_async and out is not None and not isinstance(out, (int, list)):
-                self._on_complete(out, op_id, cuda)
-            elif cuda and gpu_track(op_id, t):
-                pass   # ends at GPU completion: the watch thread polls the event
-            else:
-                inflight.pop(op_id, None)
-                end(op_id, OK)
+            self.settle(out, op_id, is_async, t)
             return out
         traced.__ncclscope_orig__ = orig   # type: ignore[attr-defined]
+        if covers(fname, spec, pos, OWN_SEQ):   # all_reduce and its kin: the lean wrapper (hotpath.py)
+            return make_fast(self, orig, spec, pos, traced)
         return traced
 
     def _wrap_batch(self, orig: Callable[..., Any]) -> Callable[..., Any]:
@@ -297,6 +309,7 @@ class OpsMixin:
                 return
             except RuntimeError:
                 pass
+        self.patch_wait()   # before the script can wait on it
         with self._pending_lock:
             self._pending[id(work)] = (work, op_id)
             if cuda:
