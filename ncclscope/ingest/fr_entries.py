@@ -1,17 +1,19 @@
 """Flight Recorder entries -> columns, one dump at a time.
 
 `Entries.add(rank, entries)` transposes one dump's entry dicts into columns
-with C-level passes (one `map(itemgetter(key), entries)` per field, one
-`map(str, ...)` for the shapes, dict-based coding of the string fields into
-one table per field), so no per-entry Python code runs on a dump as torch
-writes it. Anything else (a missing key, a hostile field type) takes the
+with C-level passes (one `map(itemgetter(key), entries)` per field, shapes
+keyed by their `marshal` bytes and one `str` per distinct shape, dict-based
+coding of the string fields into one table per field), so no per-entry Python
+code runs on a dump as torch writes it. Anything else (a missing key, a hostile field type) takes the
 tolerant per-entry path of `fr_read`'s helpers, which gives the same columns.
 Every field is coerced to the type it should have, and a dump that fails
 part-way adds nothing (all or nothing).
 """
 from __future__ import annotations
 
+import marshal
 import operator
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -68,10 +70,20 @@ def _distinct_texts(values: Any) -> tuple[Any, dict[Any, None]]:
 
 
 def _size_texts(sizes: list[Any]) -> list[str]:
-    """`_size_text` of each (str of a list: one C pass when they are all lists)."""
+    """`_size_text` of each (str of a list, when they are all lists). A dump has few distinct shapes, and
+    `str` of a nested list is slow (~0.7 us): each list is keyed by its `marshal` bytes (one C pass, 3x
+    faster; equal bytes mean the same types and values, so the same text) and only one list per
+    distinct key is turned into text. Where marshal refuses a value, `str` of every list, as before."""
     if values_are_lists(sizes):
         try:
-            return list(map(str, sizes))
+            keys = list(map(marshal.dumps, sizes, repeat(2)))     # version 2: no back-references
+        except ValueError:             # unmarshallable (an OrderedDict), or nested too deep
+            keys = None
+        try:
+            if keys is None:
+                return list(map(str, sizes))
+            text = {k: str(sz) for k, sz in dict(zip(keys, sizes)).items()}
+            return list(map(text.__getitem__, keys))
         except (RecursionError, ValueError):
             pass
     return [_size_text(sz) for sz in sizes]
