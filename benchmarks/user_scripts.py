@@ -41,6 +41,8 @@ CASES: dict[str, tuple[int, str, list[list[int]]]] = {
     "log_extra": (4, "hang", [[1]]),
     "wrong_peer": (4, "unmatched_p2p", [[0]]),
     "ddp_skip": (4, "hang", [[2]]),
+    "p2p_size": (4, "collective_mismatch", [[1]]),
+    "ag_list": (4, "dead_rank", [[3]]),
 }
 
 # script -> seconds after the hang begins when the job gets SIGTERM (as a scheduler's time limit would)

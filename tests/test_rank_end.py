@@ -36,3 +36,31 @@ def test_a_rank_that_ended_exit_0_after_its_peers_finished_and_is_not_computing(
 def test_a_rank_still_running_with_heartbeats_is_computing():
     a = run(_job(exitcode=None).build())
     assert a.verdict.startswith("STUCK IN COMPUTE: rank 2"), a.verdict
+
+
+def _raised_in_op(message: str) -> TraceBuilder:
+    """4 ranks in all_gather #3 on world; rank 3's ended with an error and the process with `message`;
+    the others' with gloo's "connection closed by peer" once rank 3 was gone."""
+    b = TraceBuilder(4, groups={"world": [0, 1, 2, 3]})
+    closed = "RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:17812"
+    for r in range(4):
+        for k in (1, 2, 3):
+            last = k == 3
+            b.collective(r, "world", k, op="all_gather", start=0.1 * k, end=0.1 * k + (2.5 if last else 0.01),
+                         status="error" if last else "ok", call_site="gather.py:10", step=0)
+        b.heartbeats(r, 0.0, 2.8)
+        b.rank_state(r, exitcode=1, end_message=message if r == 3 else closed)
+    return b
+
+
+def test_a_rank_whose_op_raised_its_own_error_is_the_dead_root():
+    a = run(_raised_in_op("RuntimeError: ProcessGroupGloo::allgather: invalid output tensor list at index 0 "
+                          "(expected length 4, got 3)").build())
+    assert a.verdict.startswith("DEAD RANK: rank 3 failed (exit code 1: RuntimeError: ProcessGroupGloo::allgather: "
+                                "invalid output tensor list"), a.verdict
+    assert a.root_ranks == [3]
+
+
+def test_ranks_whose_ops_failed_of_a_peer_or_a_timeout_are_not_dead_roots():
+    a = run(_raised_in_op("RuntimeError: Timed out waiting 5000ms for recv operation to complete").build())
+    assert not a.verdict.startswith("DEAD RANK"), a.verdict

@@ -177,6 +177,10 @@ def rank_states(trace: Trace, ops: pd.DataFrame, blocking: pd.DataFrame, computi
         PEER_ERROR, regex=True)
     dead |= (~st["fail_block"] & (st["state"] == "failed") & st["blocked"] & own_error
              & ranks.isin(blocking.loc[blocking["status"] == STATUS_INFLIGHT, "rank"].unique()))
+    # The same for an op that raised it: the rank's last op failed with the error the process died of
+    # (gloo rejecting an all_gather output list one short), not with a peer's timeout or closed socket.
+    dead |= (st["fail_block"] & (st["state"] == "failed") & own_error
+             & st["last_op_status"].isin(list(FAILED)))
     # "killed" already excludes the launcher's own end-of-job kills (state "stopped"):
     # a signal that ended a rank before the launcher did is a death, heartbeats or not.
     dead |= ~st["fail_block"] & (st["state"] == "killed")
