@@ -59,7 +59,23 @@ def _replay(nodes: pd.DataFrame, durations: np.ndarray, n_stages: int) -> np.nda
         st[hp] = finish[p_[hp]]
         st[hd] = np.maximum(st[hd], finish[d_[hd]])
         finish[idx] = st + durations[idx]
-    out = pd.DataFrame(finish).groupby(sim).max()
-    bad = pd.Series(cyclic).groupby(sim).any()
-    out[bad.to_numpy()] = np.nan
-    return out.to_numpy()
+    del order, bounds, level, pred, dep, index
+    return _per_sim_max(finish, cyclic, sim)
+
+
+def _per_sim_max(finish: np.ndarray, cyclic: np.ndarray, sim: np.ndarray) -> np.ndarray:
+    """Per replay (sorted `sim`): the column maxima of `finish` skipping NaN, NaN where a node is cyclic.
+
+    Nodes come sorted by sim: then it is one segment reduction (`fmax` skips NaN as pandas' group max
+    does) instead of a grouped copy of the n x 3 finish times (the bubble analysis' peak at 10 M events)."""
+    if len(sim) and not (sim[1:] >= sim[:-1]).all():
+        out = pd.DataFrame(finish).groupby(sim).max()
+        bad = pd.Series(cyclic).groupby(sim).any()
+        out[bad.to_numpy()] = np.nan
+        return out.to_numpy()
+    if not len(sim):
+        return np.zeros((0, finish.shape[1]))
+    first = np.flatnonzero(np.r_[True, sim[1:] != sim[:-1]])
+    out = np.fmax.reduceat(finish, first, axis=0)
+    out[np.logical_or.reduceat(cyclic, first)] = np.nan
+    return out

@@ -39,6 +39,7 @@ from ..trace import Trace
 from .bubble_findings import MS, _findings, _p2p_latency_ns  # noqa: F401 - MS: imported from here
 from .bubble_replay import _replay
 from .bubble_result import BubbleResult, step_windows, to_json  # noqa: F401 - the module's public names
+from .index import release_heap
 
 FB = ("forward", "backward")
 COMM_KINDS = ("p2p", "collective")
@@ -220,8 +221,10 @@ def analyze_bubbles(trace: Trace) -> BubbleResult:
     # events: every full-length temporary here is ~30 MB, so none outlives its use)
     start_all, end_all = ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy()
     rows = np.flatnonzero(ops["kind"].isin(COMM_KINDS).to_numpy() & in_pipe & (end_all >= 0))
+    if len(ops) < 2**31:       # row numbers and step indices in int32: half of each of these 4 M-row arrays
+        rows = rows.astype(np.int32)
     # step -> its index in steps_u (-1: a step with no F/B span), by table lookup (steps are small ints >= 0)
-    step_lut = np.full(int(o_step.max()) + 1, -1, dtype=np.int64)
+    step_lut = np.full(int(o_step.max()) + 1, -1, dtype=np.int32 if n_st < 2**31 else np.int64)
     step_lut[steps_u] = np.arange(n_st)
     c_si = step_lut[o_step[rows]]
     sel = np.flatnonzero(c_si >= 0)
@@ -236,10 +239,16 @@ def analyze_bubbles(trace: Trace) -> BubbleResult:
     c_e = np.minimum(end_all[rows], w1[c_w])
     del rows, c_w
     keep = c_e > c_s
-    u_all = union_length(np.concatenate([c_key[keep], rs_key]),
-                         np.concatenate([c_s[keep], spans["start_ns"].to_numpy()]),
-                         np.concatenate([c_e[keep], spans["end_ns"].to_numpy()]), n_rs)
-    del c_key, c_s, c_e, keep
+    # each comm column goes as soon as it is joined to the spans' (three fewer full-length arrays at the sweep)
+    u_key = np.concatenate([c_key[keep], rs_key])
+    del c_key
+    u_s = np.concatenate([c_s[keep], spans["start_ns"].to_numpy()])
+    del c_s
+    u_e = np.concatenate([c_e[keep], spans["end_ns"].to_numpy()])
+    del c_e, keep
+    u_all = union_length(u_key, u_s, u_e, n_rs)
+    del u_key, u_s, u_e
+    release_heap(trace)     # the sweep's freed heap, before the replay's arrays (index.release_heap says why)
     u_cmp = union_length(rs_key, spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy(), n_rs)
 
     wk = win.index.to_numpy()
@@ -309,6 +318,10 @@ def analyze_bubbles(trace: Trace) -> BubbleResult:
     mbt["op_name"] = np.where(mbt["is_b"] == 1, "backward", "forward")
     res.stage_step, res.steps, res.stages = ss, steps, stages
     res.microbatches = mbt.drop(columns="is_b")
+    # the F/B spans, replay nodes and their durations (~300 MB at 10 M events) go before the p2p latencies
+    # are matched: else both are resident at once, the analysis' peak
+    del spans, nodes, durs, mean_fb, fixed, med_d, rs_key, dur, in_pipe, fb, pm, u_all, u_cmp
+    release_heap(trace)
     res.p2p_latency_ns = _p2p_latency_ns(trace)
     res.findings = _findings(trace, res, sel, steps[steps["step"].isin(summary_steps)], slowest, stage_load)
     return res

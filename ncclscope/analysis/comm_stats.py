@@ -99,7 +99,7 @@ def analyze_comm(trace: Trace, slow_factor: float = 5.0, min_excess_ms: float = 
     """`instances` may be passed in from stragglers.collective_instances to avoid recomputing it."""
     res = CommResult()
     kinds = _group_kinds(trace)
-    inst = collective_instances(trace)[1] if instances is None else instances
+    inst = collective_instances(trace, ())[1] if instances is None else instances
     if len(inst):
         inst = inst.copy()
         inst["group_kind"] = inst["process_group"].map(kinds).fillna("custom")

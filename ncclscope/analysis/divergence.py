@@ -316,7 +316,7 @@ def _check_spikes(trace: Trace, m: pd.DataFrame, res: DivergenceResult, factor: 
     norm = m["grad_norm_global"].where(np.isfinite(m["grad_norm_global"]), m["grad_norm_local"])
     x = pd.DataFrame({"rank": m["rank"], "step": m["step"], "norm": norm, "time_ns": m["time_ns"]})
     x = x[np.isfinite(x["norm"])]
-    prev = x.groupby("rank")["norm"].transform(lambda s: s.shift(1).rolling(window, min_periods=3).median())
+    prev = _running_median(x, window)
     x = x.assign(running_median=prev)
     sp = x[(x["norm"] > factor * x["running_median"]) & (x["running_median"] > 0)]
     res.spikes = sp.reset_index(drop=True)
@@ -334,3 +334,15 @@ def _check_spikes(trace: Trace, m: pd.DataFrame, res: DivergenceResult, factor: 
         f"grad norm spiked to {at['norm'].iloc[0] / at['running_median'].iloc[0]:.1f}x its running median at step "
         f"{first}" + (f" (and {len(steps) - 1} later steps)" if len(steps) > 1 else ""),
         sorted(int(r) for r in at["rank"].unique()[:8]), ev, {"steps": steps[:50]}))
+
+
+def _running_median(x: pd.DataFrame, window: int) -> pd.Series:
+    """Per rank, the median of its previous `window` norms (at least 3), aligned to `x`'s rows: a grouped
+    shift and a grouped rolling median (each median is an order statistic of the same values, so the
+    numbers are those of one `shift(1).rolling().median()` per rank), not a Python call per rank
+    (1.5 s at 4,096 ranks)."""
+    if not len(x) or not x.index.is_unique:
+        return x.groupby("rank")["norm"].transform(lambda s: s.shift(1).rolling(window, min_periods=3).median())
+    shifted = x.groupby("rank")["norm"].shift(1)
+    med = shifted.groupby(x["rank"]).rolling(window, min_periods=3).median()
+    return med.droplevel(0).reindex(x.index)

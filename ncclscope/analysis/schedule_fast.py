@@ -84,8 +84,10 @@ def deviating_tokens(ops: pd.DataFrame, pp_of: dict[int, int], exp: pd.DataFrame
     rows, what, comp_r, pos, pp = rows[keep], what[keep], comp_r[keep], pos[keep], pp[keep]
     del rank
     peer_pp = np.where(comp_r, -1, _lookup(pp_of, ops["peer"].to_numpy()[rows].astype(np.int64)))
-    stage = ops["stage"].to_numpy()[rows].astype(np.int64)
-    mb = ops["microbatch"].to_numpy()[rows].astype(np.int64)
+    del comp_r
+    # compared in their own (int32) dtype; the deviating rows' values are int64 in the frame below
+    stage = ops["stage"].to_numpy()[rows]
+    mb = ops["microbatch"].to_numpy()[rows]
     # the schedule as flat arrays: pipeline rank q's tokens at off[q] .. off[q] + length[q] - 1
     e = exp.sort_values(["pp_rank", "pos"], kind="stable")
     q_of, e_pos = e["pp_rank"].to_numpy(np.int64), e["pos"].to_numpy(np.int64)
@@ -99,16 +101,20 @@ def deviating_tokens(ops: pd.DataFrame, pp_of: dict[int, int], exp: pd.DataFrame
     at = np.where(has, off[pp] + pos, 0)
     if not len(e):
         bad = np.ones(len(rows), dtype=bool)
-    else:
-        bad = ~has | (what != e_what[at]) | (peer_pp != e_peer[at]) | (stage != e_stage[at]) | (mb != e_mb[at])
+    else:      # one comparison at a time, or'ed in place: one full-length gather alive, not five
+        bad = ~has
+        for got, want in ((what, e_what), (peer_pp, e_peer), (stage, e_stage), (mb, e_mb)):
+            bad |= got != want[at]
     b = np.flatnonzero(bad)
+    del bad
     take = rows[b]
     out = pd.DataFrame({
         "rank": ops["rank"].to_numpy()[take].astype(np.int64), "step": ops["step"].to_numpy()[take].astype(np.int64),
         "op_id": ops["op_id"].to_numpy()[take].astype(np.int64),
         "kind": np.asarray([str(x) for x in ops["kind"].iloc[take]], dtype=object),
         "op_name": np.asarray([str(x) for x in ops["op_name"].iloc[take]], dtype=object),
-        "peer": ops["peer"].to_numpy()[take].astype(np.int64), "stage": stage[b], "microbatch": mb[b],
+        "peer": ops["peer"].to_numpy()[take].astype(np.int64), "stage": stage[b].astype(np.int64),
+        "microbatch": mb[b].astype(np.int64),
         "start_ns": ops["start_ns"].to_numpy()[take],
         "call_site": ops["call_site"].iloc[take].to_numpy(), "status": ops["status"].iloc[take].to_numpy(),
         "what": np.asarray(WHAT, dtype=object)[what[b] - 1] if len(b) else np.zeros(0, dtype=object),

@@ -77,7 +77,7 @@ import pandas as pd
 
 from ..findings import Evidence, Finding
 from ..trace import Trace
-from .index import index_of
+from .index import index_of, release_heap
 from .labels import rank_label
 from .straggler_stats import (  # noqa: F401 - the tests' and callers' names
     ALPHA, MAD_SIGMA, MEDIAN_SE, MIN_RATIO, MIN_STEP_FRAC, MIN_STEPS_ALL, MIN_Z, NOISE_FLOOR, POWER_Z,
@@ -106,16 +106,23 @@ def group_table(trace: Trace) -> pd.DataFrame:
     return index_of(trace).group_table
 
 
-def collective_instances(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
+MEMBER_COLUMNS = ("rank", "op_id", "op_name", "process_group", "collective_seq_id", "step", "bytes", "start_ns",
+                  "end_ns")
+
+
+def collective_instances(trace: Trace, member_columns: tuple[str, ...] = MEMBER_COLUMNS
+                         ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(member rows with lateness, one row per instance). Shared with comm_stats.
 
     Expected size comes from the group table (majority view); an instance
     with fewer arrivals than members is incomplete (a hang, not a straggler).
     Rows are sorted by (group, seq, arrival) once and every per-instance
-    value is a numpy segment reduction over that order."""
+    value is a numpy segment reduction over that order. The member rows carry
+    `member_columns` (a subset of MEMBER_COLUMNS) plus late_ns and instance:
+    a caller that needs three of them does not hold all nine for 2 M rows."""
     ops = trace.ops
     mask = ((ops["kind"] == "collective") & (ops["collective_seq_id"] >= 0) & (ops["process_group"] != "")).to_numpy()
-    cols = ["rank", "op_id", "op_name", "process_group", "collective_seq_id", "step", "bytes", "start_ns", "end_ns"]
+    cols = [c for c in MEMBER_COLUMNS if c in member_columns]
     if not mask.any():
         return ops.loc[mask, cols], pd.DataFrame()
     # rows picked and ordered on numpy columns, then each column taken once in that order (no frame copy
@@ -129,35 +136,41 @@ def collective_instances(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = rows[order]
     pg_code, seq, start = pg_code[order], seq[order], start[order]
     del order
-    coll = pd.DataFrame({c: (ops[c].array.take(rows) if isinstance(ops[c].dtype, pd.CategoricalDtype)
-                             else ops[c].to_numpy()[rows]) for c in cols})
-    del rows
-    end = coll["end_ns"].to_numpy()
-    new = np.ones(len(coll), dtype=bool)
+
+    def col(c: str, at: np.ndarray = rows) -> object:
+        return ops[c].array.take(at) if isinstance(ops[c].dtype, pd.CategoricalDtype) else ops[c].to_numpy()[at]
+
+    end = col("end_ns")
+    new = np.ones(len(rows), dtype=bool)
     new[1:] = (pg_code[1:] != pg_code[:-1]) | (seq[1:] != seq[:-1])
     first = np.flatnonzero(new)
-    last = np.r_[first[1:], len(coll)] - 1
+    last = np.r_[first[1:], len(rows)] - 1
     arrived = last - first + 1
     inst_id = np.cumsum(new) - 1
+    del new
     end_for_min = np.where(end < 0, -1, end)
     sizes = group_table(trace).set_index("process_group")["size"]
-    names = coll["process_group"].cat.categories.astype(str)
+    names = ops["process_group"].cat.categories.astype(str)
     pg_names = names[pg_code[first]]
+    del pg_code
     expected = pd.Series(pg_names).map(sizes).fillna(0).to_numpy(dtype=np.int64)
     inst = pd.DataFrame({
         "process_group": pg_names, "collective_seq_id": seq[first],
-        "op_name": coll["op_name"].iloc[first].to_numpy().astype(str),
-        "step": np.maximum.reduceat(coll["step"].to_numpy(), first),
-        "bytes": np.maximum.reduceat(coll["bytes"].to_numpy(), first),
+        "op_name": pd.Series(col("op_name", rows[first])).to_numpy().astype(str),
+        "step": np.maximum.reduceat(col("step"), first),
+        "bytes": np.maximum.reduceat(col("bytes"), first),
         "arrived": arrived, "first_ns": start[first], "last_ns": start[last],
-        "last_rank": coll["rank"].to_numpy()[last].astype(np.int64), "last_op_id": coll["op_id"].to_numpy()[last],
+        "last_rank": col("rank", rows[last]).astype(np.int64), "last_op_id": col("op_id", rows[last]),
         "min_end_ns": np.minimum.reduceat(end_for_min, first), "max_end_ns": np.maximum.reduceat(end, first),
         "members": np.maximum(expected, arrived),
     })
+    del end_for_min, end, seq
     inst["complete"] = (inst["arrived"] == inst["members"]) & (inst["min_end_ns"] >= 0)
     inst["skew_ns"] = inst["last_ns"] - inst["first_ns"]
     inst["waited_ns"] = inst["arrived"] * inst["last_ns"] - np.add.reduceat(start, first)
     inst["op_ns"] = np.where(inst["complete"], inst["max_end_ns"] - inst["last_ns"], -1)
+    coll = pd.DataFrame({c: col(c) for c in cols})
+    del rows
     coll["late_ns"] = start - start[first][inst_id]
     coll["instance"] = inst_id
     return coll, inst
@@ -170,7 +183,7 @@ def _peer_key(trace: Trace, ranks: np.ndarray) -> np.ndarray:
 
 def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, min_last_frac: float = 0.5) -> StragglerResult:
     res = StragglerResult()
-    coll, inst = collective_instances(trace)
+    coll, inst = collective_instances(trace, ("rank", "step"))   # the member columns read here
     ops = trace.ops
     cm = ((ops["kind"] == "compute") & (ops["end_ns"] >= 0) & (ops["step"] >= 0)).to_numpy()
     comp = ops.loc[cm, ["rank", "step", "duration_ns"]]
@@ -194,14 +207,16 @@ def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, m
     if len(coll) and len(done):
         # members of complete instances in training steps: three columns, not a copy of the member rows
         sel = inst["complete"].to_numpy()[coll["instance"].to_numpy()] & (coll["step"].to_numpy() >= 0)
-        ok = pd.DataFrame({c: coll[c].to_numpy()[sel] for c in ("rank", "step", "late_ns")})
-        del sel
-        late_df = ok.groupby(["rank", "step"], as_index=False)["late_ns"].sum()
+        rank, step = coll["rank"].to_numpy()[sel], coll["step"].to_numpy()[sel]
+        codes, late_df = _rank_step_codes(rank, step)
+        late_df["late_ns"] = _group_sum(codes, coll["late_ns"].to_numpy()[sel])
+        del sel, codes, step
         caused_df = (done[done["step"] >= 0].groupby(["last_rank", "step"], as_index=False)["skew_ns"].sum()
                      .rename(columns={"last_rank": "rank", "skew_ns": "caused_ns"}))
         # set-up and tear-down collectives (step -1) are not training: leave them out of the counts
         n_last = done[done["step"] >= 0].groupby("last_rank").size()
-        n_in = ok.groupby("rank").size()
+        n_in = pd.Series(rank, copy=False).groupby(rank).size()
+        del rank
     rs = late_df.merge(caused_df, on=["rank", "step"], how="outer")
     cols = ["compute_ns", "peer_median_ns", "compute_ratio", "excess_ns"]
     base = cstep[["rank", "step"] + cols] if len(cstep) else empty.assign(**{c: np.nan for c in cols})
@@ -222,6 +237,7 @@ def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, m
 
     n_steps = max(1, len(step_time))
     counted = _counted_steps(rs["step"].dropna().unique())
+    release_heap(trace)     # the member-row temporaries above, before _last_by_step makes its own
     led = _last_by_step(coll, inst) if len(coll) and len(done) else pd.DataFrame()
     # A candidate was last at most of its collectives, or caused most of the run's waiting: arrival counts
     # weigh every collective alike, and where a step has several (ZeRO-2: reduce-scatter after the compute,
@@ -278,19 +294,43 @@ def _counted_steps(steps: np.ndarray) -> np.ndarray:
 
 
 def _last_by_step(coll: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
-    """Per (rank, step): complete training collectives it was in (n), last at (k), sum of 1/members (p0_sum)."""
+    """Per (rank, step): complete training collectives it was in (n), last at (k), sum of 1/members (p0_sum).
+
+    Sorted by (rank, step). One value column is summed at a time over one dense group code (the pandas
+    group sums, in row order within a group, as one `groupby(["rank", "step"]).agg` of all six would):
+    at 10 M events a frame of the 2 M member rows with every value column was the analysis' peak."""
     idx = coll["instance"].to_numpy()
-    ok = inst["complete"].to_numpy()[idx] & (coll["step"].to_numpy() >= 0) & (inst["members"].to_numpy()[idx] >= 2)
-    rows = coll.loc[ok, ["rank", "step"]].copy()
-    rows["last"] = (inst["last_rank"].to_numpy()[idx[ok]] == rows["rank"].to_numpy()).astype(np.int64)
-    rows["p0"] = 1.0 / inst["members"].to_numpy()[idx[ok]]
-    skew = inst["skew_ns"].to_numpy()[idx[ok]].astype(np.float64)
-    rows["w"] = skew
-    rows["wk"] = skew * rows["last"].to_numpy()
-    rows["wp0"] = skew * rows["p0"].to_numpy()
-    return rows.groupby(["rank", "step"], as_index=False).agg(n=("last", "size"), k=("last", "sum"),
-                                                              p0_sum=("p0", "sum"), w=("w", "sum"),
-                                                              wk=("wk", "sum"), wp0_sum=("wp0", "sum"))
+    members = inst["members"].to_numpy()
+    ok = inst["complete"].to_numpy()[idx] & (coll["step"].to_numpy() >= 0) & (members[idx] >= 2)
+    idx = idx[ok]
+    rank, step = coll["rank"].to_numpy()[ok], coll["step"].to_numpy()[ok]
+    del ok
+    codes, out = _rank_step_codes(rank, step)
+    last = (inst["last_rank"].to_numpy()[idx] == rank).astype(np.int64)
+    del rank, step
+    out["n"] = np.bincount(codes, minlength=len(out)).astype(np.int64)
+    out["k"] = _group_sum(codes, last)
+    p0 = 1.0 / members[idx]
+    out["p0_sum"] = _group_sum(codes, p0)
+    skew = inst["skew_ns"].to_numpy()[idx].astype(np.float64)
+    del idx
+    out["w"] = _group_sum(codes, skew)
+    out["wk"] = _group_sum(codes, skew * last)
+    out["wp0_sum"] = _group_sum(codes, skew * p0)
+    return out
+
+
+def _rank_step_codes(rank: np.ndarray, step: np.ndarray) -> tuple[np.ndarray, pd.DataFrame]:
+    """(dense group code per row, one row per (rank, step) group in sorted order with those two columns):
+    the grouping of `groupby(["rank", "step"], sort=True)`, computed once for several sums. Steps are >= 0."""
+    # (rank, step) as one int64 in lexicographic order (step >= 0 and below 2**32 here)
+    codes, keys = pd.factorize(rank.astype(np.int64) * (1 << 32) + step.astype(np.int64), sort=True)
+    return codes, pd.DataFrame({"rank": (keys >> 32).astype(rank.dtype), "step": (keys & 0xFFFFFFFF).astype(step.dtype)})
+
+
+def _group_sum(codes: np.ndarray, values: np.ndarray) -> np.ndarray:
+    """Per dense code 0..n-1 (every code present) the pandas group sum of `values` (compensated for floats)."""
+    return pd.Series(values, copy=False).groupby(codes, sort=True).sum().to_numpy()
 
 
 def _step_times(trace: Trace) -> pd.Series:

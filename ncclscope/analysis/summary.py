@@ -6,8 +6,10 @@ ended. Vectorised over the ops table (one groupby, no per-event loop).
 """
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
+from ..columns import _equals
 from ..trace import STATUS_INFLIGHT, Trace
 
 SUMMARY_COLUMNS = ["rank", "state", "exit", "steps", "ops", "last_op", "inflight_op", "coords"]
@@ -42,21 +44,47 @@ def exit_text(info) -> str:
 
 def rank_summary(trace: Trace) -> pd.DataFrame:
     ops = trace.ops
-    real = ops[ops["kind"] != "marker"]
-    last = real.groupby("rank", observed=True).tail(1).set_index("rank")
-    inflight = real[real["status"] == STATUS_INFLIGHT].groupby("rank", observed=True).tail(1).set_index("rank")
-    counts = real.groupby("rank", observed=True).size()
+    # positions of the non-marker rows, never a copy of them (at 10 M events a frame copy was +280 MB of peak):
+    # per rank its row count, its last row and its last in-flight row, in table order as groupby().tail(1)
+    real = ~_equals(ops["kind"], "marker")
+    ranks = ops["rank"].to_numpy()
+    counts = _per_rank(ranks, real, "size")
+    last = _rows_at(ops, _per_rank(ranks, real, "last"))
+    inflight = _rows_at(ops, _per_rank(ranks, real & _equals(ops["status"], STATUS_INFLIGHT), "last"))
     steps = trace.metrics.groupby("rank", observed=True)["step"].max() + 1 if len(trace.metrics) else pd.Series(dtype=int)
+    # plain dicts for the loop over ranks: a Series lookup or a frame row per rank cost ~1 s at 4,096 ranks
+    steps_of, counts_of = steps.to_dict(), counts.to_dict()
+    last_of, inflight_of = _records(last), _records(inflight)
     rows = []
     for r, info in trace.ranks.items():
         rows.append({
             "rank": r,
             "state": info.state,
             "exit": exit_text(info),
-            "steps": int(steps.get(r, 0)),
-            "ops": int(counts.get(r, 0)),
-            "last_op": describe_op(last.loc[r]) if r in last.index else "",
-            "inflight_op": describe_op(inflight.loc[r]) if r in inflight.index else "",
+            "steps": int(steps_of.get(r, 0)),
+            "ops": int(counts_of.get(r, 0)),
+            "last_op": describe_op(last_of[r]) if r in last_of else "",
+            "inflight_op": describe_op(inflight_of[r]) if r in inflight_of else "",
             "coords": " ".join(f"{k}{v}" for k, v in info.coords.items() if k in ("pp", "dp", "cp", "tp", "ep")),
         })
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def _per_rank(ranks: np.ndarray, mask: np.ndarray, how: str) -> pd.Series:
+    """Per rank among the rows in `mask`: their number ("size") or the position of the last one ("last")."""
+    pos = np.flatnonzero(mask)
+    g = pd.Series(pos).groupby(ranks[pos], sort=True)
+    return g.size() if how == "size" else g.last()
+
+
+_DESCRIBED = ("op_name", "collective_seq_id", "p2p_seq_id", "process_group", "kind", "peer", "step", "status")
+
+
+def _records(rows: pd.DataFrame) -> dict[int, dict]:
+    """rank -> its row's fields that `describe_op` reads."""
+    return rows[list(_DESCRIBED)].to_dict("index")
+
+
+def _rows_at(ops: pd.DataFrame, pos: pd.Series) -> pd.DataFrame:
+    """The ops rows at `pos` (rank -> position), indexed by rank."""
+    return ops.iloc[pos.to_numpy()].set_index("rank")

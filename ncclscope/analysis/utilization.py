@@ -19,6 +19,7 @@ import pandas as pd
 
 from ..trace import Trace
 from .bubbles import union_length
+from .index import release_heap
 
 
 @dataclass
@@ -64,6 +65,8 @@ def analyze_utilization(trace: Trace, idle_pct: float = 10.0) -> UtilResult:
     per = pd.DataFrame({"active_ns": span["last"] - span["first"]})
     busy = union_length(comp["rank"].to_numpy().astype("int64"), comp["start_ns"].to_numpy(), comp["end_ns"].to_numpy(),
                         int(per.index.max()) + 1 if len(per) else 0)
+    del comp            # the compute spans (~50 MB at 10 M events) are done before the samples are joined
+    release_heap(trace)  # and their heap, with the sweep's, goes back before the join's bigger arrays are mapped
     per["compute_ns"] = busy[per.index.to_numpy()] if len(busy) else 0.0
     per["compute_frac"] = per["compute_ns"] / per["active_ns"].where(per["active_ns"] > 0)
     if len(series):
