@@ -43,6 +43,7 @@ CASES: dict[str, tuple[int, str, list[list[int]]]] = {
     "ddp_skip": (4, "hang", [[2]]),
     "p2p_size": (4, "collective_mismatch", [[1]]),
     "ag_list": (4, "dead_rank", [[3]]),
+    "late_swap": (4, "unmatched_p2p", [[2]]),
 }
 
 # script -> seconds after the hang begins when the job gets SIGTERM (as a scheduler's time limit would)
