@@ -32,7 +32,8 @@ MAX_LOOP_CHECKS = 16             # tied edges whose ranks' loops are read
 
 @dataclass(frozen=True)
 class Departure:
-    """Where a rank's loop broke: at its call number `index`, it issued `got` where its loop issues `expected`."""
+    """Where a rank's loop broke: its call number `index` (op `op_id`) is not the one its loop issues there,
+    `expected_op` on `expected_group` from `expected_site`."""
     rank: int
     index: int
     op_id: int
