@@ -341,8 +341,6 @@ def _running_median(x: pd.DataFrame, window: int) -> pd.Series:
     shift and a grouped rolling median (each median is an order statistic of the same values, so the
     numbers are those of one `shift(1).rolling().median()` per rank), not a Python call per rank
     (1.5 s at 4,096 ranks)."""
-    if not len(x) or not x.index.is_unique:
-        return x.groupby("rank")["norm"].transform(lambda s: s.shift(1).rolling(window, min_periods=3).median())
-    shifted = x.groupby("rank")["norm"].shift(1)
-    med = shifted.groupby(x["rank"]).rolling(window, min_periods=3).median()
-    return med.droplevel(0).reindex(x.index)
+    rank, norm = x["rank"].reset_index(drop=True), x["norm"].reset_index(drop=True)   # positions: a unique index
+    med = norm.groupby(rank).shift(1).groupby(rank).rolling(window, min_periods=3).median()
+    return pd.Series(med.droplevel(0).reindex(rank.index).to_numpy(dtype=np.float64), index=x.index)
