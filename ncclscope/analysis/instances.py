@@ -76,7 +76,7 @@ def collective_ops(ops: pd.DataFrame) -> pd.DataFrame:
         rows = np.flatnonzero(mask)
         gid = pd.factorize(codes[rows])[0].astype(np.int64)
         out = pd.DataFrame({c: _str_column(ops[c].iloc[rows], c) if c in STR_COLUMNS
-                            else ops[c].to_numpy()[rows] for c in COLL_COLUMNS})
+                            else ops[c].to_numpy()[rows] for c in COLL_COLUMNS}, copy=False)   # fresh columns
         out["rank"] = out["rank"].astype("int64")
         out["gid"] = gid
         return out
@@ -113,7 +113,8 @@ def instance_table(coll: pd.DataFrame) -> pd.DataFrame:
                                      "last_start_ns"])
     key, _ = _keys(coll)
     ok = (coll["status"] == S.STATUS_OK).to_numpy()
-    df = pd.DataFrame({"key": key, "ok": ok.astype(np.int64), "start": coll["start_ns"].to_numpy()})
+    df = pd.DataFrame({"key": key, "ok": ok.astype(np.int64), "start": coll["start_ns"].to_numpy()},
+                      copy=False)      # read only (grouped): no stacked copy of 2 M rows
     agg = df.groupby("key", sort=True).agg(n_began=("ok", "size"), n_ok=("ok", "sum"),
                                             first_start_ns=("start", "min"), last_start_ns=("start", "max"))
     first = ~pd.Series(key).duplicated().to_numpy()

@@ -131,27 +131,39 @@ def used_groups(coll: pd.DataFrame, known: set[str], kinds_of: dict[str, str] | 
 # The per-rank view table (for the checks that name the odd ranks)
 # --------------------------------------------------------------------------
 def view_keys(ranks: pd.Series) -> np.ndarray:
-    """Each recorded member list as one "0,1,2" string.
+    """Each recorded member list as one "0,1,2" string (see `view_key_codes`)."""
+    codes, texts = view_key_codes(ranks)
+    return np.asarray(texts, dtype=object)[codes]
+
+
+def view_key_codes(ranks: pd.Series) -> tuple[np.ndarray, list[str]]:
+    """Each recorded member list as a code into its distinct "0,1,2" strings, numbered in order of first
+    appearance (what factorizing the strings gives).
 
     1,024 ranks each recording every group of the world are 1.4 million lists
     (10 million ints). The loader shares one list object per distinct view
     (trace.py parses each distinct groups.json view once), so the lists are
     deduplicated by identity first and only the distinct ones are joined,
-    through Arrow; readers that do not share objects still get the Arrow join
-    over all rows.
+    through Arrow, and only those strings are compared (factorizing the per-row strings, long member
+    lists of big groups, was 1.9 s at 16,384 ranks); readers that do not share objects still get the
+    Arrow join over all rows.
     """
     if not len(ranks):
-        return np.array([], dtype=object)
+        return np.zeros(0, dtype=np.int64), []
     vals = ranks.to_numpy(dtype=object) if hasattr(ranks, "to_numpy") else np.asarray(ranks, dtype=object)
     ids = np.fromiter(map(id, vals), dtype=np.int64, count=len(vals))
     _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
-    uniq = vals[first]
+    by_first = np.argsort(first, kind="stable")          # distinct lists in order of first appearance
+    rank_of = np.empty(len(first), dtype=np.int64)
+    rank_of[by_first] = np.arange(len(first))
+    uniq = vals[first[by_first]]
     try:
         arr = pa.array([list(r) if r is not None else [] for r in uniq], type=pa.list_(pa.int64()))
         texts = pc.binary_join(arr.cast(pa.list_(pa.string())), ",").to_numpy(zero_copy_only=False)
     except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, ValueError):
         texts = [",".join(str(int(x)) for x in r) for r in uniq]
-    return np.asarray(texts, dtype=object)[inverse.reshape(-1)]
+    text_codes, distinct = pd.factorize(pd.Series(texts, dtype=object))   # equal lists held as two objects
+    return text_codes[rank_of[inverse.reshape(-1)]], [str(t) for t in distinct]
 
 
 def _parse_key(key: str) -> list[int]:
@@ -178,9 +190,15 @@ def group_view_table(trace: "Trace") -> pd.DataFrame:
         "rank": g["rank"].astype("int64").to_numpy(),
         "process_group": _as_categorical(g["process_group"]),
         "group_kind": _as_categorical(g["group_kind"]),
-        "members": _as_categorical(pd.Series(view_keys(g["ranks"]), dtype=object)),
+        "members": _key_categorical(g["ranks"]),
         "creation_order": g["creation_order"].astype("int64").to_numpy(),
     })
+
+
+def _key_categorical(ranks: pd.Series) -> pd.Categorical:
+    """The member lists as `_as_categorical(view_keys(ranks))` gives them, without a string per row."""
+    codes, texts = view_key_codes(ranks)
+    return pd.Categorical.from_codes(codes, categories=pd.Index(texts, dtype=object))
 
 
 def _as_categorical(s: pd.Series) -> pd.Categorical:

@@ -187,4 +187,4 @@ def _outer_by_keys(p2p: pd.DataFrame) -> pd.DataFrame | None:
     cols.update(_side(p2p, pr, "recv_"))
     state = np.where(ps < 0, 1, np.where(pr < 0, 0, 2)).astype(np.int8)
     cols["state"] = pd.Categorical.from_codes(state, categories=STATES)
-    return pd.DataFrame(cols)
+    return pd.DataFrame(cols, copy=False)        # every column is a fresh array: no stacked copy

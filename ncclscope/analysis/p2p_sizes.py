@@ -8,8 +8,8 @@ differs from what its own earlier calls from the same call site to the same peer
 least MIN_HISTORY of them, all alike) changed, when the other side kept its own. Neither or
 both: no verdict (a program that always sends 16 and receives into 24 keeps both histories).
 
-Sizes are read from the ops table (the p2p view drops them) as int codes, never strings; one merge
-of the sends against the recvs on (src, dst, tag, seq), at most MAX_PAIRS disagreeing pairs looked at.
+Sizes are read from the ops table (the p2p view drops them) as int codes, never strings; the sends are
+paired with the recvs on (src, dst, tag, seq) by one sort, at most MAX_PAIRS disagreeing pairs looked at.
 """
 from __future__ import annotations
 
@@ -35,9 +35,10 @@ def _codes(col: pd.Series, rows: np.ndarray) -> np.ndarray:
     return pd.factorize(col.to_numpy()[rows])[0]
 
 
-def _p2p_codes(ops: pd.DataFrame) -> pd.DataFrame:
-    """One int row per p2p op: its position in the ops table, src, dst, tag, seq, rank, peer, send, and
-    codes of its sizes, dtype and call site. At 10 M events (1.8 M p2p rows) strings here were +470 MB."""
+def _p2p_codes(ops: pd.DataFrame) -> dict[str, np.ndarray]:
+    """One entry per p2p op, as int arrays (no frame): its position in the ops table, rank, peer, send,
+    src, dst, tag, seq, and codes of its sizes, dtype and call site. At 10 M events (1.8 M p2p rows)
+    strings here were +470 MB, a frame of int64 columns and its merge +233 MB."""
     rows = np.flatnonzero((ops["kind"] == S.KIND_P2P).to_numpy())
     name = ops["op_name"]
     if isinstance(name.dtype, pd.CategoricalDtype):
@@ -45,21 +46,41 @@ def _p2p_codes(ops: pd.DataFrame) -> pd.DataFrame:
         send = is_send[name.cat.codes.to_numpy()[rows]]
     else:
         send = np.asarray(["send" in str(v) for v in name.to_numpy()[rows]], dtype=bool)
-    rank, peer = ops["rank"].to_numpy(np.int64)[rows], ops["peer"].to_numpy(np.int64)[rows]
-    return pd.DataFrame({"pos": rows, "rank": rank, "peer": peer, "send": send,
-                         "src": np.where(send, rank, peer), "dst": np.where(send, peer, rank),
-                         "tag": ops["tag"].to_numpy(np.int64)[rows], "seq": ops["p2p_seq_id"].to_numpy(np.int64)[rows],
-                         "size": _codes(ops["input_sizes"], rows), "dtype": _codes(ops["input_dtypes"], rows),
-                         "site": _codes(ops["call_site"], rows)})
+    rank, peer = ops["rank"].to_numpy()[rows], ops["peer"].to_numpy()[rows]
+    return {"pos": rows, "rank": rank, "peer": peer, "send": send,
+            "src": np.where(send, rank, peer), "dst": np.where(send, peer, rank),
+            "tag": ops["tag"].to_numpy()[rows], "seq": ops["p2p_seq_id"].to_numpy()[rows],
+            "size": _codes(ops["input_sizes"], rows), "dtype": _codes(ops["input_dtypes"], rows),
+            "site": _codes(ops["call_site"], rows)}
 
 
-def _history(p: pd.DataFrame, op: pd.Series, col: str) -> set[int] | None:
-    """The codes of `col` in the rank's earlier calls from the same site to the same peer, or None when
-    there are fewer than MIN_HISTORY of them."""
-    sel = p[(p["rank"] == op["rank"]).to_numpy() & (p["send"] == op["send"]).to_numpy()
-            & (p["peer"] == op["peer"]).to_numpy() & (p["site"] == op["site"]).to_numpy()
-            & (p["seq"] < op["seq"]).to_numpy()]
-    return {int(v) for v in sel[col]} if len(sel) >= MIN_HISTORY else None
+def _pairs(p: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(send, recv) indexes into `p` of each matched pair, the k-th send a -> b with the k-th recv on b
+    from a (same src, dst, tag, seq), in the sends' order. One lexsort (recvs before sends within a key):
+    a key holding both starts with its first recv, and its first send follows its last recv."""
+    send = p["send"]
+    order = np.lexsort((send, p["seq"], p["tag"], p["dst"], p["src"]))
+    n = len(order)
+    new = np.ones(n, dtype=bool)
+    for c in ("src", "dst", "tag", "seq"):
+        v = p[c][order]
+        new[1:] &= v[1:] == v[:-1]
+    new = ~new                                        # the first row of each key (in sorted order)
+    s = send[order]
+    first_send = np.flatnonzero(s[1:] & ~s[:-1] & ~new[1:]) + 1
+    start = np.maximum.accumulate(np.where(new, np.arange(n), 0))
+    sends, recvs = order[first_send], order[start[first_send]]
+    keep = np.argsort(sends, kind="stable")
+    return sends[keep], recvs[keep]
+
+
+def _history(p: dict[str, np.ndarray], i: int, col: str) -> set[int] | None:
+    """The codes of `col` in p2p op i's rank's earlier calls from the same site to the same peer, or None
+    when there are fewer than MIN_HISTORY of them."""
+    sel = ((p["rank"] == p["rank"][i]) & (p["send"] == p["send"][i]) & (p["peer"] == p["peer"][i])
+           & (p["site"] == p["site"][i]) & (p["seq"] < p["seq"][i]))
+    vals = p[col][sel]
+    return {int(v) for v in vals} if len(vals) >= MIN_HISTORY else None
 
 
 def size_deviations(ix: TraceIndex) -> list[Finding]:
@@ -69,31 +90,26 @@ def size_deviations(ix: TraceIndex) -> list[Finding]:
     if not len(ops) or "input_sizes" not in ops.columns:
         return []
     p = _p2p_codes(ops)
-    if not len(p):
+    if not len(p["pos"]):
         return []
-    key = ["src", "dst", "tag", "seq"]
-    pairs = p.loc[p["send"].to_numpy(), key + ["pos", "size", "dtype"]].merge(
-        p.loc[~p["send"].to_numpy(), key + ["pos", "size", "dtype"]], on=key, suffixes=("_s", "_r"))
-    bad = pairs[(pairs["size_s"] != pairs["size_r"]).to_numpy() | (pairs["dtype_s"] != pairs["dtype_r"]).to_numpy()]
+    si, ri = _pairs(p)
+    differ = (p["size"][si] != p["size"][ri]) | (p["dtype"][si] != p["dtype"][ri])
     out: list[Finding] = []
-    if not len(bad):
-        return out
     dead = {r for r, info in ix.trace.ranks.items() if info.died}
-    by_pos = p.set_index("pos")
-    for row in bad.head(MAX_PAIRS).itertuples(index=False):
-        sides = {s: by_pos.loc[int(getattr(row, f"pos_{s}"))].copy() for s in ("s", "r")}
-        for s, op in sides.items():
-            op["pos"] = int(getattr(row, f"pos_{s}"))
+    for s_i, r_i in list(zip(si[differ], ri[differ]))[:MAX_PAIRS]:
+        sides = {"s": int(s_i), "r": int(r_i)}
         for col, word in (("size", "sizes"), ("dtype", "dtype")):
-            if sides["s"][col] == sides["r"][col]:
+            if p[col][sides["s"]] == p[col][sides["r"]]:
                 continue
-            hist = {s: _history(p, op, col) for s, op in sides.items()}
-            changed = [s for s, h in hist.items() if h is not None and len(h) == 1 and int(sides[s][col]) not in h]
-            kept = [s for s, h in hist.items() if h is not None and h == {int(sides[s][col])}]
+            hist = {s: _history(p, i, col) for s, i in sides.items()}
+            value = {s: int(p[col][i]) for s, i in sides.items()}
+            changed = [s for s, h in hist.items() if h is not None and len(h) == 1 and value[s] not in h]
+            kept = [s for s, h in hist.items() if h is not None and h == {value[s]}]
             if len(changed) == 1 and len(kept) == 1:
                 mine, theirs = sides[changed[0]], sides[kept[0]]
-                was = p.loc[(p[col] == next(iter(hist[changed[0]]))).to_numpy(), "pos"].iloc[0]
-                out.append(_finding(ix, ops, int(mine["pos"]), int(theirs["pos"]), int(was), word, dead))
+                was = int(np.flatnonzero(p[col] == next(iter(hist[changed[0]])))[0])
+                out.append(_finding(ix, ops, int(p["pos"][mine]), int(p["pos"][theirs]), int(p["pos"][was]),
+                                    word, dead))
                 break
     return out
 

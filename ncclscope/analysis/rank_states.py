@@ -81,7 +81,7 @@ def blocking_ops(ops: pd.DataFrame, unfinished: pd.DataFrame | None = None) -> t
     computing = latest[(latest["kind"] == S.KIND_COMPUTE) & (latest["status"] == STATUS_INFLIGHT)]
     comm_mask = ops["kind"].isin(COMM_KINDS).to_numpy() & (ops["status"] == S.STATUS_OK).to_numpy()
     last_ok = (pd.DataFrame({"rank": ops["rank"].to_numpy()[comm_mask].astype(np.int64),
-                             "end": ops["end_ns"].to_numpy()[comm_mask]}).groupby("rank")["end"].max())
+                             "end": ops["end_ns"].to_numpy()[comm_mask]}, copy=False).groupby("rank")["end"].max())
     comm = unf[unf["kind"].isin(COMM_KINDS) & ~unf["rank"].isin(computing["rank"])]
     lok = comm["rank"].map(last_ok).fillna(-1).to_numpy()
     frontier = comm[comm["start_ns"].to_numpy() >= lok]

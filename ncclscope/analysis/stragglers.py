@@ -163,13 +163,13 @@ def collective_instances(trace: Trace, member_columns: tuple[str, ...] = MEMBER_
         "last_rank": col("rank", rows[last]).astype(np.int64), "last_op_id": col("op_id", rows[last]),
         "min_end_ns": np.minimum.reduceat(end_for_min, first), "max_end_ns": np.maximum.reduceat(end, first),
         "members": np.maximum(expected, arrived),
-    })
+    }, copy=False)                      # fresh arrays: no stacked copy
     del end_for_min, end, seq
     inst["complete"] = (inst["arrived"] == inst["members"]) & (inst["min_end_ns"] >= 0)
     inst["skew_ns"] = inst["last_ns"] - inst["first_ns"]
     inst["waited_ns"] = inst["arrived"] * inst["last_ns"] - np.add.reduceat(start, first)
     inst["op_ns"] = np.where(inst["complete"], inst["max_end_ns"] - inst["last_ns"], -1)
-    coll = pd.DataFrame({c: col(c) for c in cols})
+    coll = pd.DataFrame({c: col(c) for c in cols}, copy=False)
     del rows
     coll["late_ns"] = start - start[first][inst_id]
     coll["instance"] = inst_id

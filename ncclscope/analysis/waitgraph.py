@@ -258,7 +258,7 @@ def _arcs(edges: pd.DataFrame) -> dict[int, list[int]]:
         "src": np.concatenate([waiter[~is_coll], waiter[is_coll], inst]),
         "dst": np.concatenate([target[~is_coll], inst, target[is_coll]]),
         "pos": np.concatenate([row[~is_coll], row[is_coll], row[is_coll]]),
-    }).sort_values("pos", kind="stable").drop_duplicates(["src", "dst"]).sort_values(["src", "pos"], kind="stable")
+    }, copy=False).sort_values("pos", kind="stable").drop_duplicates(["src", "dst"]).sort_values(["src", "pos"], kind="stable")
     src, dst = arcs["src"].to_numpy(), arcs["dst"].to_numpy()
     cut = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])
     return {int(src[i]): dst[i:j].tolist() for i, j in zip(cut, np.r_[cut[1:], len(src)])}
