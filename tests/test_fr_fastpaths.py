@@ -3,7 +3,10 @@
 - `safe_pickle._Prefetched`: the zero-copy file the restricted unpickler reads (every protocol,
   any bytes-like input, truncated and hostile pickles refused as before);
 - `fr_read.DumpBuffer`: one reused read buffer, the same content and errors as `safe_io.read_bytes`;
-- `fr_entries._size_texts`: shapes keyed by their marshal bytes, the same texts as `str` of each.
+- `fr_entries._size_texts`: shapes keyed by their marshal bytes, the same texts as `str` of each;
+- `fr_entries.Entries._shapes`: (input_sizes, input_dtypes) pairs keyed by their marshal bytes, the same
+  codes, texts and bytes as the per-entry path (sets, which marshal sorts, take the per-text path);
+- `fr_entries.fields` with the dump's own key objects, and `_Table.codes` of a single value.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import pytest
 
 from ncclscope import safe_io
 from ncclscope.ingest.errors import TraceError
-from ncclscope.ingest.fr_entries import _size_texts
+from ncclscope.ingest.fr_entries import Entries, _holds_set, _size_texts, _Table, fields
 from ncclscope.ingest.fr_read import DumpBuffer, _size_text, read_dump
 from ncclscope.ingest.safe_pickle import UnsafePickleError, safe_loads
 
@@ -89,7 +92,70 @@ def _deep(n: int) -> list:
     [[collections.OrderedDict(a=1)], [[1]]],                                   # marshal refuses: str of each
     [_deep(1500), [[1]]],                                                      # str gives up: _size_text
     [[[1, 2]], "not a list", None],                                            # not all lists
+    [[{8, 0}], [{0, 8}], [{8, 0}]],              # equal sets, another order: marshal sorts them, str does not
 ])
 def test_size_texts_match_str_of_each(sizes: list) -> None:
     want = [_size_text(sz) for sz in sizes]
     assert _size_texts(sizes) == want
+
+
+def _entry(i: int, sz, dt) -> dict:
+    return {"record_id": i, "process_group": ("0", "default_pg"), "collective_seq_id": i, "p2p_seq_id": 0,
+            "profiling_name": "nccl:all_reduce", "input_sizes": sz, "input_dtypes": dt,
+            "state": "completed" if i % 3 else "started", "time_created_ns": 10 + i,
+            "time_discovered_started_ns": 11 + i, "time_discovered_completed_ns": 12 + i, "timeout_ms": 600000,
+            "is_p2p": False, "thread_id": "1", "frames": []}
+
+
+_PAIRS = [([[1024, 4096]], ["BFloat16"]), ([[1024, 4096]], ["Float"]), ([[1024, 4096]], ("BFloat16",)),
+          (((1024, 4096),), ["BFloat16"]), ([[1024, 4096]], ["BFloat16"]), ([[True]], ["Float"]),
+          ([[1]], ["Float"]), ([[1.0]], ["Float"]), ([[2**70, 2**70]], ["Float"]), ([], []),
+          ([[8], [3, 3]], ["Int", "c10::Half"]), ([[8]], [["nested"]]), ([[8]], "Float"), ([[8]], None),
+          ([[4, "x"]], ["Float"]), ([[-3, 5]], ["Float"]), ([[1024, 4096]], ["BFloat16"])]
+
+
+@pytest.mark.parametrize("extra", [[], [([{8, 0}], ["Float"]), ([{0, 8}], ["Float"])],
+                                   [([collections.OrderedDict(a=1)], ["Float"])], [([_deep(1500)], ["Float"])]])
+def test_shapes_give_what_the_per_entry_path_gives(extra: list) -> None:
+    pairs = _PAIRS + extra
+    dumps = [[_entry(i, sz, dt) for i, (sz, dt) in enumerate(pairs[k:] + pairs[:k])] for k in (0, 5, 11)]
+    fast, slow = Entries(), Entries()
+    for r, entries in enumerate(dumps):
+        fast.add(r, entries)
+        slow.add(r, entries, fast=False)
+    fast.finish(), slow.finish()
+    for name in ("size_code", "dtype_code", "nbytes"):
+        assert getattr(fast, name).tolist() == getattr(slow, name).tolist(), name
+    assert fast.size_texts == slow.size_texts and fast.dtype_texts == slow.dtype_texts
+    if not extra:      # plain values: the marshal-keyed path took them
+        ents = Entries()
+        assert ents._shapes([sz for sz, _ in pairs], [dt for _, dt in pairs]) is not None
+
+
+def test_shapes_refuse_sets_and_unmarshallable_values() -> None:
+    ents = Entries()
+    assert ents._shapes([[{1, 2}]], [["Float"]]) is None
+    assert ents._shapes([[1]], [frozenset({"Float"})]) is None
+    assert ents._shapes([[collections.OrderedDict(a=1)]], [["Float"]]) is None
+    assert _holds_set([[1, (2, {"k": [{3}]})]]) and not _holds_set([[1, (2, {"k": [3]})]])
+    assert _holds_set(list(range(20_000)))         # too big to tell: the per-text path
+
+
+def test_fields_with_the_dumps_own_keys_read_what_the_tolerant_path_reads() -> None:
+    entries = [_entry(i, [[i]], ["Float"]) for i in range(5)]
+    # keys equal to KEYS but other objects (as an unpickled dump has them), then a dict with keys of its own
+    entries = [{("".join(list(k)) if type(k) is str else k): v for k, v in e.items()} for e in entries]
+    entries.append({**entries[0], "record_id": 99})
+    want = fields(entries, fast=False)
+    got = fields(entries)
+    assert {k: list(v) for k, v in got.items()} == {k: list(v) for k, v in want.items()}
+    assert fields([], True) == {k: () for k in want}
+
+
+def test_codes_of_one_value_are_the_codes_of_each() -> None:
+    t = _Table()
+    t.commit(t.codes(["a", "b"])[1])
+    for values in (["b"] * 4, ["c"] * 3, [None], [1, True, 1]):
+        codes, new = t.codes(values)
+        lut = {**t.index, **new}
+        assert codes.tolist() == [lut[v] for v in values]

@@ -55,7 +55,7 @@ from .fr_fixups import _group_members, _infer_gloo, _p2p_sequences, _parse_profi
 from .fr_entries import Entries
 from .fr_groups import _config_disagreements, _group_rows
 from .fr_extras import DUMP_MARKER, _dump_markers, _stacks
-from .fr_memory import BIG_INPUT_BYTES, input_bytes, keep_big_blocks_mapped, slim_tables
+from .fr_memory import slim_tables
 from .fr_read import (SNIFF_BYTES, SUPPORTED_MAJOR, DumpBuffer, _factorize, call_site, dump_files, format_stack,
                       rank_from_name, read_dump, sniff)
 from .vocab import P2P_OPS, GroupNamer, coded, events_table, parse_ranks
@@ -105,8 +105,6 @@ def _load(path: str | Path, world_size: int | None) -> Trace:
     else:
         raise TraceError(f"{root}: no such file or directory")
 
-    if input_bytes(f for f, _ in files.values()) >= BIG_INPUT_BYTES:
-        keep_big_blocks_mapped()                     # freed column temporaries leave the resident set
     dumps: dict[int, dict[str, Any]] = {}          # everything but the entries
     versions: dict[str, list[int]] = {}
     ents = Entries()

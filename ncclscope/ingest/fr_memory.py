@@ -1,16 +1,12 @@
 """Resident memory of a big Flight Recorder trace: what the loader does so that a 1,024-rank job's dumps
 (2 M entries, 4 M event rows) load and analyse in about 1 GB.
 
-Three things, none of which changes a value any analysis reads (the trace after them is
-value for value the one `assemble` built; measured at 1,024 ranks x 2,000 entries: load and diagnosis
-peak 1,150 -> ~870 MiB):
+Two things, neither of which changes a value any analysis reads (the trace after them is
+value for value the one `assemble` built; ~230 MB of the tables at 1,024 ranks x 2,000 entries).
+(A third, fixing glibc's mmap threshold so that freed column temporaries left the resident set, is
+gone: every mapped block was fresh pages to fault in, 1.01 M page faults against 0.31 M at 1,024
+ranks, ~1.5-3 s of CPU, for 30-60 MiB of peak; the heap now reuses the freed temporaries.)
 
-- `keep_big_blocks_mapped`: glibc raises its mmap threshold to the size of the largest mmapped block
-  freed (up to 32 MiB), so after the first 16 MB column temporary is freed every later one comes from
-  the heap, and a freed temporary stays resident under the next stage (measured at 1,024 ranks: the
-  load's peak 930 -> 813 MiB, the diagnosis' 1,155 -> 1,103 MiB). Fixing the threshold at glibc's own
-  default keeps big blocks mapped, so they leave the resident set when they are freed. Process-wide
-  (it is what MALLOC_MMAP_THRESHOLD_=131072 does), set once, and only for inputs this big.
 - `share_equal_columns`: a dump records no steps, microbatches, stages or chunks and no clock offsets,
   so `step`, `microbatch`, `stage` and `chunk` are one array of -1 four times over, and `t_ns` a copy
   of `time_ns`. pandas' copy-on-write lets the columns share one buffer (a write to one copies it
@@ -22,10 +18,7 @@ peak 1,150 -> ~870 MiB):
 """
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 import pandas as pd
@@ -33,13 +26,8 @@ import pandas as pd
 if TYPE_CHECKING:
     from ..trace import Trace
 
-__all__ = ["BIG_INPUT_BYTES", "input_bytes", "keep_big_blocks_mapped", "share_equal_columns", "share_begin_rows",
-           "slim_tables"]
+__all__ = ["share_equal_columns", "share_begin_rows", "slim_tables"]
 
-BIG_INPUT_BYTES = 64 << 20       # dumps this big: hundreds of MB of columns follow
-_M_MMAP_THRESHOLD = -3           # glibc's mallopt parameter number
-_DEFAULT_THRESHOLD = 128 * 1024  # glibc's initial mmap threshold
-_done = False
 _PER_STEP = ("step", "microbatch", "stage", "chunk")
 _FROM_BEGIN = tuple((c, c) for c in ("rank", "op_id", "collective_seq_id", "p2p_seq_id", "peer", "tag", "bytes",
                                      "timeout_ms") + _PER_STEP) + (("start_ns", "t_ns"),)   # numeric columns
@@ -65,34 +53,6 @@ def slim_tables(trace: "Trace") -> "Trace":
     share_begin_rows(trace.events, trace.ops, _FROM_BEGIN)                 # the begin rows are written first
     share_equal_columns(trace.ops, (_PER_STEP,))
     return trace
-
-
-def input_bytes(files: Iterable[Path]) -> int:
-    """Total size of the dump files (one that cannot be stat'ed counts 0)."""
-    total = 0
-    for f in files:
-        try:
-            total += f.stat().st_size
-        except OSError:
-            pass
-    return total
-
-
-def keep_big_blocks_mapped() -> bool:
-    """Fix glibc's mmap threshold (see the module docstring); True when it was set (now or before).
-    A no-op where there is no glibc `mallopt`."""
-    global _done
-    if _done:
-        return True
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt: Any = libc.mallopt
-    except (OSError, AttributeError, TypeError):
-        return False
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    mallopt.restype = ctypes.c_int
-    _done = bool(mallopt(_M_MMAP_THRESHOLD, _DEFAULT_THRESHOLD))
-    return _done
 
 
 def share_equal_columns(df: pd.DataFrame, groups: Iterable[tuple[str, ...]]) -> int:
