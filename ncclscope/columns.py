@@ -1,10 +1,10 @@
-"""Per-rank tables to compact columns, and the begin/end join that makes `ops`.
+"""Per-rank tables to compact columns.
 
 Split out of trace.py (the loader): this is the column engine the loader
 feeds. Each rank's Arrow tables become numpy columns as soon as they are read
 (strings as codes into one dictionary per column shared by all ranks), one
-concatenation per column at the end, and `build_ops` joins begin and end rows
-by sorted keys. Nothing here reads files.
+concatenation per column at the end; `opsjoin.build_ops` then joins begin and
+end rows. Nothing here reads files.
 """
 from __future__ import annotations
 
@@ -67,21 +67,52 @@ class _Columns:
             return
         pending, self.pending, self.pending_rows = self.pending, [], 0
         ranks, self.pending_ranks = self.pending_ranks, []
-        forced = self.schema.get_field_index("rank") >= 0 and all(r is not None for r in ranks)
+        has_rank = self.schema.get_field_index("rank") >= 0
+        forced = has_rank and all(r is not None for r in ranks)
         if not forced:     # some table keeps its own ranks: force the others' here, table by table
-            pending = [t if r is None or self.schema.get_field_index("rank") < 0 else _force_rank(t, r)
-                       for t, r in zip(pending, ranks)]
+            pending = [self._filled(t) for t in pending]
+            pending = [t if r is None or not has_rank else _force_rank(t, r) for t, r in zip(pending, ranks)]
         counts = [t.num_rows for t in pending]
+        rank_all = np.repeat(np.asarray(ranks, dtype=np.int32), counts) if forced else None
+        pending = self._runs(pending)      # tables missing the same columns: filled once per run
         try:
             tables = [pa.concat_tables(pending) if len(pending) > 1 else pending[0]]
-            rank_cols = [np.repeat(np.asarray(ranks, dtype=np.int32), counts)] if forced else [None]
+            rank_cols = [rank_all]
         except (pa.ArrowInvalid, pa.ArrowTypeError):   # schemas differ in a detail (nullability): one by one
             tables = [conform_table(t, self.schema, Path("."), [], keep_dictionary=True) for t in pending]
-            rank_cols = ([np.full(n, r, dtype=np.int32) for n, r in zip(counts, ranks)] if forced
+            ends = np.cumsum([t.num_rows for t in tables])
+            rank_cols = ([rank_all[e - t.num_rows:e] for e, t in zip(ends, tables)] if forced
                          else [None] * len(tables))
         del pending
         for table, rank_col in zip(tables, rank_cols):
             self._convert(table, rank_col)
+
+    def _filled(self, table: pa.Table) -> pa.Table:
+        """`table` in the schema when it only lacks columns (the loader leaves those to this engine)."""
+        if table.schema.equals(self.schema) or not missing_only(table.schema, self.schema):
+            return table
+        return conform_table(table, self.schema, Path("."), [], keep_dictionary=True)
+
+    def _runs(self, tables: list[pa.Table]) -> list[pa.Table]:
+        """Consecutive tables of one schema that only lacks columns (`missing_only`: every rank's metrics of
+        an older writer) become one table in the schema: one fill per run, not one per file (16,384 ranks:
+        4 s). Other tables are passed on as they are; rows keep their order."""
+        if all(t.schema.equals(self.schema) for t in tables):
+            return tables
+        out: list[pa.Table] = []
+        i = 0
+        while i < len(tables):
+            t = tables[i]
+            j = i + 1
+            if not t.schema.equals(self.schema) and missing_only(t.schema, self.schema):
+                while j < len(tables) and tables[j].schema.equals(t.schema):
+                    j += 1
+                run = pa.concat_tables(tables[i:j]) if j - i > 1 else t
+                out.append(conform_table(run, self.schema, Path("."), [], keep_dictionary=True))
+            else:
+                out.append(t)
+            i = j
+        return out
 
     def _convert(self, table: pa.Table, rank_col: np.ndarray | None = None) -> None:
         for fld, col in zip(self.schema, table.columns):
@@ -89,11 +120,14 @@ class _Columns:
             if rank_col is not None and name == "rank":
                 self.parts[name].append(rank_col.astype(np.dtype(fld.type.to_pandas_dtype()), copy=False))
                 continue
+            # combine_chunks, not ChunkedArray.to_numpy: the latter's fresh numpy heap cost more page faults
+            # and ~200 MB more peak at 4,096 ranks (measured); this keeps the parts in Arrow's pool
+            numeric = pa.types.is_integer(fld.type) or pa.types.is_floating(fld.type)
             # dictionary chunks may each have their own dictionary: _codes reads them one by one
             chunks = col.chunks if (name in self.cats or col.num_chunks <= 1) else [col.combine_chunks()]
             if name in self.cats:
                 self.parts[name].append(self._codes(name, chunks))
-            elif pa.types.is_integer(fld.type) or pa.types.is_floating(fld.type):
+            elif numeric:
                 want = np.dtype(fld.type.to_pandas_dtype())
                 fill = -1 if pa.types.is_integer(fld.type) else None
                 arrs = [(c.fill_null(fill) if c.null_count and fill is not None else c).to_numpy(zero_copy_only=False)
@@ -144,25 +178,29 @@ class _Columns:
         chunk by chunk, at one kernel call and one lookup per column instead of one per rank (45 k calls
         at 4,096 ranks)."""
         d = self.cats[name]
-        enc = pc.dictionary_encode(pa.chunked_array(chunks))
-        values = enc.chunk(0).dictionary.to_pylist() if enc.num_chunks else []
-        idx = pa.chunked_array([c.indices for c in enc.chunks], type=pa.int32()).fill_null(-1)
-        idx = idx.to_numpy()
+        col = pa.concat_arrays(chunks)       # one copy of small strings; then one encode, indices without a copy
+        enc = pc.dictionary_encode(col)
+        values = enc.dictionary.to_pylist()
+        idx = enc.indices
+        idx = (idx.fill_null(-1) if idx.null_count else idx).to_numpy(zero_copy_only=False)
         lut = np.empty(len(values) + 1, dtype=np.int32)       # the last slot (index -1) is a null's code
-        seen, at = -1, 0
-        for c in chunks:
-            n = len(c)
-            if n:
-                top = int(idx[at:at + n].max())
-                for i in range(seen + 1, top + 1):
-                    v = values[i]
-                    lut[i] = d.setdefault("" if v is None else str(v), len(d))
-                seen = max(seen, top)
-                if c.null_count:
-                    lut[-1] = d.setdefault("", len(d))
-            at += n
-        codes = lut[idx]
-        return codes.astype(np.int16) if len(d) < 32_000 else codes
+        # chunk by chunk, the values come in dictionary order, and "" after the values of the first chunk
+        # that has a null: register in that order, in one pass (no loop over the 16,384 chunks)
+        head = len(values)
+        if col.null_count:
+            first_null = int(np.argmax(idx < 0))
+            ends = np.cumsum([len(c) for c in chunks])
+            end = int(ends[int(np.searchsorted(ends, first_null, side="right"))])
+            head = int(idx[:end].max()) + 1
+        for i in range(head):
+            v = values[i]
+            lut[i] = d.setdefault("" if v is None else str(v), len(d))
+        if col.null_count:
+            lut[-1] = d.setdefault("", len(d))
+        for i in range(head, len(values)):
+            v = values[i]
+            lut[i] = d.setdefault("" if v is None else str(v), len(d))
+        return (lut.astype(np.int16) if len(d) < 32_000 else lut)[idx]     # one gather, in the final width
 
     def frame(self) -> pd.DataFrame:
         self._flush()
@@ -174,7 +212,8 @@ class _Columns:
                 codes = np.concatenate(parts) if parts else np.empty(0, dtype=np.int16)
                 parts.clear()
                 cats = list(self.cats[fld.name]) or [""]
-                cols[fld.name] = pd.Categorical.from_codes(codes, categories=pd.Index(cats))
+                # codes are this engine's own (every one < len(cats)): no validating pass over 32 M of them
+                cols[fld.name] = pd.Categorical.from_codes(codes, categories=pd.Index(cats), validate=False)
             elif pa.types.is_integer(fld.type) or pa.types.is_floating(fld.type):
                 cols[fld.name] = np.concatenate(parts) if parts else np.empty(0, fld.type.to_pandas_dtype())
             else:
@@ -228,6 +267,26 @@ def conform_table(table: pa.Table, schema: pa.Schema, path: Path, warnings: list
         return pa.Table.from_arrays(cols, schema=pa.schema([f.with_type(c.type) for c, f in zip(cols, schema)],
                                                            metadata=schema.metadata))
     return pa.Table.from_arrays(cols, schema=schema)
+
+
+# file schema -> whether conforming it to the target schema only adds null columns (no warning, no cast)
+_MISSING_ONLY: list[tuple[pa.Schema, pa.Schema, bool]] = []    # (file schema, target schema, answer), recent first
+
+
+def missing_only(have: pa.Schema, want: pa.Schema) -> bool:
+    """True when `conform_table(t, want)` of a table in schema `have` only fills missing columns with
+    nulls: no duplicated, unknown or differently typed column, so it says nothing and can be done once
+    for a whole batch of such tables (`_Columns` does) instead of once per file. Remembered for the few
+    schemas a run has, compared with `Schema.equals` (hashing a schema costs more than the check)."""
+    for h, w, hit in _MISSING_ONLY:
+        if w is want and h.equals(have):
+            return hit
+    names = have.names
+    hit = len(set(names)) == len(names) and all(
+        want.get_field_index(n) >= 0 and want.field(n).type == have.field(n).type for n in names)
+    _MISSING_ONLY.insert(0, (have, want, hit))
+    del _MISSING_ONLY[8:]
+    return hit
 
 
 def _encoded_string(typ: pa.DataType, fld: pa.Field) -> bool:
@@ -320,71 +379,3 @@ def _trim() -> None:
 
 
 _LIBC: Any = None
-
-
-def build_ops(events: pd.DataFrame) -> pd.DataFrame:
-    """Join each begin row with its end row: one row per op, vectorised.
-
-    Ops with no end row get status "inflight" and end_ns -1: on a dead or hung
-    job they are the evidence. An end row whose begin row is missing (a torn
-    first batch) has nothing to join to and is left out of `ops` (it stays in
-    `events`). When an op has several end rows, the last one written wins.
-
-    The join is a sorted-key lookup (rank << 40 | op_id) rather than a pandas
-    merge: on a 10-million-row trace it is several times faster and makes no
-    intermediate copy of the begin rows.
-    """
-    is_begin = _equals(events["phase"], S.PHASE_BEGIN)
-    is_end = _equals(events["phase"], S.PHASE_END)
-    key = (events["rank"].to_numpy().astype(np.int64) << 40) | (events["op_id"].to_numpy() & ((1 << 40) - 1))
-    end_rows = np.flatnonzero(is_end)
-    order = np.argsort(key[end_rows], kind="stable")
-    ekeys = key[end_rows][order]
-    last = np.r_[ekeys[1:] != ekeys[:-1], True] if len(ekeys) else np.zeros(0, dtype=bool)
-    ekeys, erows = ekeys[last], end_rows[order][last]
-    begin_rows = np.flatnonzero(is_begin)
-    bkeys = key[begin_rows]
-    if len(ekeys):
-        pos = np.minimum(np.searchsorted(ekeys, bkeys), len(ekeys) - 1)
-        found = ekeys[pos] == bkeys
-        match = np.where(found, erows[pos], -1)
-    else:
-        found = np.zeros(len(bkeys), dtype=bool)
-        match = np.full(len(bkeys), -1)
-    # free the join's temporaries before the begin rows are copied: at 32 M rows they are ~1.5 GB
-    del key, end_rows, order, ekeys, erows, bkeys, last, is_begin, is_end
-    if "pos" in locals():
-        del pos
-    ops = ops_from_join(events, begin_rows, match, found)
-    r, st = ops["rank"].to_numpy(), ops["start_ns"].to_numpy()
-    ordered = len(ops) < 2 or bool(np.all((r[1:] > r[:-1]) | ((r[1:] == r[:-1]) & (st[1:] >= st[:-1]))))
-    if not ordered:   # clocks stepped backwards, or rows appended out of order
-        ops = ops.sort_values(["rank", "start_ns", "op_id"], kind="stable").reset_index(drop=True)
-    return ops
-
-
-def ops_from_join(events: pd.DataFrame, begin_rows: np.ndarray, match: np.ndarray,
-                  found: np.ndarray) -> pd.DataFrame:
-    """The ops frame from a begin/end join: `begin_rows` (row of each op's begin in `events`), `match` (its
-    end row, -1 for none) and `found` (match >= 0); rows in `begin_rows` order. Shared by `build_ops` and
-    the `--follow` reader's incremental join (tui/follow_ops.py)."""
-    keep = [c for c in events.columns if c not in ("phase", "status", "message", "time_ns")]
-    ops = events[keep].iloc[begin_rows].rename(columns={"t_ns": "start_ns"}).reset_index(drop=True)
-    t = events["t_ns"].to_numpy()
-    end_ns = np.where(found, t[np.maximum(match, 0)], -1).astype("int64")
-    status = events["status"]
-    if not isinstance(status.dtype, pd.CategoricalDtype):
-        status = status.astype("category")
-    cats = [str(c) for c in status.cat.categories]
-    if STATUS_INFLIGHT not in cats:
-        cats.append(STATUS_INFLIGHT)
-    codes = status.cat.codes.to_numpy()[np.maximum(match, 0)].astype(np.int32)
-    codes = np.where(found, codes, cats.index(STATUS_INFLIGHT))
-    ops["end_ns"] = end_ns
-    ops["status"] = pd.Categorical.from_codes(codes, categories=cats)
-    msg = pd.Series(events["message"].array.take(match, allow_fill=True))
-    if isinstance(msg.dtype, pd.CategoricalDtype) and "" not in msg.cat.categories:
-        msg = msg.cat.add_categories([""])
-    ops["message"] = msg.fillna("")
-    ops["duration_ns"] = np.where(found, end_ns - ops["start_ns"].to_numpy(), -1).astype("int64")
-    return ops

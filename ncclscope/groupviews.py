@@ -24,6 +24,8 @@ def _short(exc: BaseException) -> str:
 
 
 def _int(value: Any, default: int = -1) -> int:
+    if type(value) is int and -(2**53) <= value <= 2**53:
+        return value          # the common case without to_int's call
     return safe_io.to_int(value, default, -(2**53), 2**53)
 
 

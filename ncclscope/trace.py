@@ -16,24 +16,23 @@ Tables (pandas, one row per record, all ranks concatenated):
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.ipc
 
 from . import safe_io
 from . import schema as S
 
 from .ingest.errors import TraceError
-from .usertrace.fr_merge import merge_rank
-from .columns import _CATEGORICAL, conform_table, STATUS_INFLIGHT, _aligned, _columns, _Columns, _equals, _fill_ints, _trim, build_ops, no_hugepages, _force_rank  # noqa: F401,E501
+from .usertrace.fr_merge import FR_FILE, FR_NCCL_PREFIX, merge_rank
+from .columns import _CATEGORICAL, conform_table, STATUS_INFLIGHT, _aligned, _columns, _Columns, _equals, _fill_ints, _trim, no_hugepages, _force_rank  # noqa: F401,E501
+from .opsjoin import build_ops
 from .groupviews import GROUP_ROW_BUDGET, GroupViews, _parse_view  # noqa: F401
+from .streams import read_stream, read_stream_lazy  # noqa: F401  (read_stream: moved, re-exported)
 
 
 @dataclass
@@ -131,76 +130,16 @@ def _empty(schema: pa.Schema) -> pa.Table:
     return schema.empty_table()
 
 
-def read_stream(path: Path, schema: pa.Schema, warnings: list[str]) -> pa.Table:
-    """Read an append-only Arrow IPC stream, keeping every complete batch.
-
-    A writer killed mid-batch leaves a torn tail: the batches before it are
-    returned and the tail is reported once. Every batch is validated in full
-    (offsets, UTF-8) before it is used; a batch that fails is treated like a
-    torn one, so a flipped byte costs the batches from there on, never the
-    process. Only a regular file is opened (a named pipe or a device would
-    block or never end). Columns missing from an older file are filled with
-    nulls; unknown extra columns are dropped.
-    """
-    import stat
-
-    from . import safe_io
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return _empty(schema)
-    except (OSError, ValueError) as exc:
-        warnings.append(f"{path}: unreadable ({_short(exc)}); skipped")
-        return _empty(schema)
-    if not stat.S_ISREG(st.st_mode):
-        warnings.append(f"{path}: {safe_io._kind(st.st_mode)}, not a regular file; skipped")
-        return _empty(schema)
-    if st.st_size == 0:
-        warnings.append(f"{path}: empty file (the rank died before its first flush)")
-        return _empty(schema)
-    batches: list[pa.RecordBatch] = []
-    try:
-        # Read into Arrow's memory pool rather than memory-mapping: then the
-        # conversion to pandas can free each buffer as soon as it is copied.
-        source = pa.OSFile(str(path), "r")
-        reader = pa.ipc.open_stream(source)
-        file_version = (reader.schema.metadata or {}).get(b"ncclscope_schema", b"").decode(errors="replace")
-    except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
-        warnings.append(f"{path}: not a readable Arrow stream ({_short(exc)}); skipped")
-        return _empty(schema)
-    if file_version and S.major(file_version) != S.major(S.SCHEMA_VERSION):
-        warnings.append(f"{path}: schema version {file_version[:40]}, this reader understands {S.SCHEMA_VERSION}; skipped")
-        return _empty(schema)
-    while True:
-        try:
-            batch = reader.read_next_batch()
-            batch.validate(full=True)
-            batches.append(batch)
-        except StopIteration:
-            break
-        except (pa.ArrowException, OSError, ValueError, MemoryError, IndexError, KeyError) as exc:
-            warnings.append(f"{path}: torn batch after {len(batches)} complete ones ({_short(exc)}); kept those")
-            break
-    try:
-        table = pa.Table.from_batches(batches, schema=reader.schema) if batches else reader.schema.empty_table()
-    except (pa.ArrowException, ValueError) as exc:
-        warnings.append(f"{path}: batches disagree with the stream's schema ({_short(exc)}); skipped")
-        return _empty(schema)
-    same = table.replace_schema_metadata(schema.metadata)      # already in this schema: nothing to conform
-    if same.schema.equals(schema, check_metadata=True):
-        return same
-    return conform_table(table, schema, path, warnings)
-
-
 def _short(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     return text[:200]
 
 
-def _read_json(path: Path, warnings: list[str]) -> dict[str, Any]:
+def _read_json(path: Path | str, warnings: list[str], root: Path | None = None) -> dict[str, Any]:
     """A JSON object from a regular file of bounded size, through the guarded
     parser (safe_io.loads); {} with one warning for anything else. A declared
-    world size is bounded by the rank directories on disk (`_bound_world`)."""
+    world size is bounded by the rank directories on disk (`_bound_world`);
+    `root`: the run directory of a rank.json, when the caller knows it (saves pathlib's parents)."""
     from . import safe_io
     try:
         os.stat(path)
@@ -216,26 +155,38 @@ def _read_json(path: Path, warnings: list[str]) -> dict[str, Any]:
     if not isinstance(data, dict):
         warnings.append(f"{path}: expected a JSON object, got {type(data).__name__}; ignored")
         return {}
-    if path.name in (S.RUN_JSON, S.RANK_JSON) and "world_size" in data:
-        _bound_world(data, path.parent if path.name == S.RUN_JSON else path.parent.parent, path, warnings)
+    name = os.path.basename(path)
+    if name in (S.RUN_JSON, S.RANK_JSON) and "world_size" in data:
+        if root is None:
+            p = Path(path)
+            root = p.parent if name == S.RUN_JSON else p.parent.parent
+        _bound_world(data, root, path, warnings)
     return data
 
 
-_DIRS_CACHE: dict[str, tuple[int, dict[int, Path]]] = {}
+_DIRS_CACHE: dict[str, tuple[int, dict[int, Path], int]] = {}
 
 
 def _rank_dirs_cached(root: Path) -> dict[int, Path]:
     """_rank_dirs(root), listed once per directory state (its mtime) instead of once per rank.json:
     every rank.json of a 16,384-rank run asks, and 16,384 listings of 16,384 entries took minutes."""
+    return _rank_dirs_entry(root)[0]
+
+
+def _rank_dirs_entry(root: Path) -> tuple[dict[int, Path], int]:
+    """(_rank_dirs(root), its highest rank or 0), cached as `_rank_dirs_cached` says: the highest rank is
+    kept with the listing because every rank.json asks for it (max over 16,384 keys, 16,384 times: 6 s)."""
     try:
         stamp = os.stat(root).st_mtime_ns
     except (OSError, ValueError):
-        return _rank_dirs(root, [])
+        ranks = _rank_dirs(root, [])
+        return ranks, (max(ranks) if ranks else 0)
     hit = _DIRS_CACHE.get(str(root))
     if hit is None or hit[0] != stamp:
         _DIRS_CACHE.clear()          # one run at a time
-        hit = _DIRS_CACHE[str(root)] = (stamp, _rank_dirs(root, []))
-    return hit[1]
+        ranks = _rank_dirs(root, [])
+        hit = _DIRS_CACHE[str(root)] = (stamp, ranks, max(ranks) if ranks else 0)
+    return hit[1], hit[2]
 
 
 def _bound_world(data: dict[str, Any], root: Path, where: Path, warnings: list[str]) -> None:
@@ -245,8 +196,7 @@ def _bound_world(data: dict[str, Any], root: Path, where: Path, warnings: list[s
     declared = _int(data.get("world_size"), 0)
     if declared <= 4096:
         return
-    ranks = _rank_dirs_cached(root)
-    highest = max(ranks) if ranks else 0
+    ranks, highest = _rank_dirs_entry(root)
     cap = safe_io.plausible_world(declared, len(ranks), highest)
     if declared > cap:
         warnings.append(f"{where}: says world_size {declared}, but {len(ranks)} rank directories are on disk "
@@ -257,8 +207,13 @@ def _bound_world(data: dict[str, Any], root: Path, where: Path, warnings: list[s
 def _int(value: Any, default: int = -1) -> int:
     """An int from input, bounded to |x| <= 2**53 (no field of a trace needs more:
     a bigger rank, pid, offset or count is junk), else `default`."""
+    if type(value) is int and -_INT_BOUND <= value <= _INT_BOUND:
+        return value          # the common case, without to_int's call (14 per rank: 1.3 s at 16,384 ranks)
     from .safe_io import to_int
-    return to_int(value, default, -(2**53), 2**53)
+    return to_int(value, default, -_INT_BOUND, _INT_BOUND)
+
+
+_INT_BOUND = 2**53
 
 
 def _call_sites(value: Any, limit: int = 100_000) -> dict[str, tuple[str, int]]:
@@ -301,6 +256,85 @@ def _rank_dirs(path: Path, warnings: list[str]) -> dict[int, Path]:
     return found
 
 
+def _listing(d: str) -> frozenset[str] | None:
+    """The names in a rank directory (None when it cannot be listed): one listdir answers "is there a
+    stacks.txt, a Flight Recorder dump" for the whole directory, where each question was a stat or a
+    listing of its own (16,384 ranks: 2.4 s in fr_merge.dump_path's listing alone)."""
+    try:
+        return frozenset(os.listdir(d))
+    except (OSError, ValueError):
+        return None
+
+
+def _has(names: frozenset[str] | None, d: str, name: str) -> bool:
+    """Path(d, name).exists(), without the stat when the listing says it is not there."""
+    if names is not None and name not in names:
+        return False
+    return os.path.exists(f"{d}/{name}")
+
+
+def _has_dump(names: frozenset[str] | None) -> bool:
+    """Whether `fr_merge.dump_path` could find a dump among `names` (True when unknown: then it looks)."""
+    if names is None:
+        return True
+    return any(n == FR_FILE or (n.startswith(FR_NCCL_PREFIX) and not n.endswith(".tmp")) for n in names)
+
+
+def _load_rank(r: int, d: Path, root: Path, ranks: dict[int, RankInfo], views: GroupViews, stacks: dict[int, str],
+               tables: tuple[_Columns, _Columns, _Columns], warnings: list[str]) -> int:
+    """One rank directory into `ranks`, `views`, `stacks` and the column engines (`load`'s loop body).
+
+    Paths are plain strings (str(d / name) is f"{d}/{name}" for a rank directory of `_rank_dirs`): at
+    16,384 ranks pathlib's joins alone cost 2 s. Every warning reads as before. Returns the world size
+    the rank's rank.json declares (0: none)."""
+    ds = str(d)
+    names = _listing(ds)
+    rank_json = f"{ds}/{S.RANK_JSON}"
+    meta = _read_json(rank_json, warnings, root=root) if names is None or S.RANK_JSON in names else {}
+    if meta and _int(meta.get("rank"), r) != r:
+        warnings.append(f"{rank_json}: says rank {meta.get('rank')} but lives in {d.name}; using {r}")
+    end = meta.get("end") if isinstance(meta.get("end"), dict) else {}
+    coords = meta.get("coords") if isinstance(meta.get("coords"), dict) else {}
+    ranks[r] = RankInfo(
+        rank=r, present=True, host=str(meta.get("host", "")), pid=_int(meta.get("pid")),
+        device=str(meta.get("device", "")),
+        clock_offset_ns=_int(meta.get("clock_offset_ns"), 0),
+        clock_uncertainty_ns=_int(meta.get("clock_uncertainty_ns"), 0),
+        host_cpus=max(_int(meta.get("host_cpus"), 0), 0),
+        coords={str(k): _int(v) for k, v in coords.items()},
+        end_status=str(end.get("status", "")), end_message=str(end.get("message", "")),
+        call_sites=_call_sites(meta.get("call_sites")),
+    )
+    gpath = f"{ds}/{S.GROUPS_JSON}"
+    if _has(names, ds, S.GROUPS_JSON):
+        try:
+            views.add(r, safe_io.read_bytes(gpath, safe_io.JSON_LIMIT), warnings, gpath)
+        except (OSError, ValueError) as exc:     # safe_io.InputError: not a regular file, too big
+            warnings.append(f"{gpath}: unreadable ({_short(exc)}); this rank's group view is unknown")
+    elif isinstance(meta.get("groups"), list):   # traces written before groups.json
+        views.add(r, meta["groups"], warnings, rank_json)
+    event_tables, metric_tables, sample_tables = tables
+    epath = f"{ds}/{S.EVENTS_FILE}"
+    dump = _has_dump(names)
+    # a rank with a dump has its rows read by merge_rank: those come in the schema (no lazy fill)
+    ev, absent = read_stream_lazy(epath, S.EVENTS_SCHEMA, warnings, lazy=not dump)
+    if dump:
+        ev = merge_rank(d, ev, warnings)      # ncclscope run: Flight Recorder-only ops (none without a dump)
+    if absent:
+        warnings.append(f"{epath}: missing (the rank wrote no events)")
+    event_tables.add(ev, rank=r)          # every row's rank is r (force_rank), set once per batch
+    del ev
+    metric_tables.add(read_stream_lazy(f"{ds}/{S.METRICS_FILE}", S.METRICS_SCHEMA, warnings)[0], rank=r)
+    sample_tables.add(read_stream_lazy(f"{ds}/{S.SAMPLES_FILE}", S.SAMPLES_SCHEMA, warnings)[0], rank=r)
+    if _has(names, ds, S.STACKS_FILE):
+        spath = f"{ds}/{S.STACKS_FILE}"
+        try:
+            stacks[r] = safe_io.read_text(spath)
+        except (OSError, ValueError) as exc:
+            warnings.append(f"{spath}: unreadable ({_short(exc)}); no stacks for rank {r}")
+    return _int(meta.get("world_size"), 0)
+
+
 def load(path: str | os.PathLike[str]) -> Trace:
     """Load a run directory. Raises TraceError only when nothing can be analyzed."""
     root = Path(path)
@@ -323,43 +357,9 @@ def load(path: str | os.PathLike[str]) -> Trace:
     stacks: dict[int, str] = {}
     world_size = _int(run.get("world_size"), 0)
     for r, d in dirs.items():
-        meta = _read_json(d / S.RANK_JSON, warnings)
-        if meta and _int(meta.get("rank"), r) != r:
-            warnings.append(f"{d / S.RANK_JSON}: says rank {meta.get('rank')} but lives in {d.name}; using {r}")
-        world_size = max(world_size, _int(meta.get("world_size"), 0))
-        end = meta.get("end") if isinstance(meta.get("end"), dict) else {}
-        coords = meta.get("coords") if isinstance(meta.get("coords"), dict) else {}
-        ranks[r] = RankInfo(
-            rank=r, present=True, host=str(meta.get("host", "")), pid=_int(meta.get("pid")),
-            device=str(meta.get("device", "")),
-            clock_offset_ns=_int(meta.get("clock_offset_ns"), 0),
-            clock_uncertainty_ns=_int(meta.get("clock_uncertainty_ns"), 0),
-            host_cpus=max(_int(meta.get("host_cpus"), 0), 0),
-            coords={str(k): _int(v) for k, v in coords.items()},
-            end_status=str(end.get("status", "")), end_message=str(end.get("message", "")),
-            call_sites=_call_sites(meta.get("call_sites")),
-        )
-        gpath = d / S.GROUPS_JSON
-        if gpath.exists():
-            try:
-                views.add(r, safe_io.read_bytes(gpath, safe_io.JSON_LIMIT), warnings, gpath)
-            except (OSError, ValueError) as exc:     # safe_io.InputError: not a regular file, too big
-                warnings.append(f"{gpath}: unreadable ({_short(exc)}); this rank's group view is unknown")
-        elif isinstance(meta.get("groups"), list):   # traces written before groups.json
-            views.add(r, meta["groups"], warnings, d / S.RANK_JSON)
-        ev = read_stream(d / S.EVENTS_FILE, S.EVENTS_SCHEMA, warnings)
-        ev = merge_rank(d, ev, warnings)      # ncclscope run: Flight Recorder-only ops (none without a dump)
-        if not (d / S.EVENTS_FILE).exists():
-            warnings.append(f"{d / S.EVENTS_FILE}: missing (the rank wrote no events)")
-        event_tables.add(ev, rank=r)          # every row's rank is r (force_rank), set once per batch
-        del ev
-        metric_tables.add(read_stream(d / S.METRICS_FILE, S.METRICS_SCHEMA, warnings), rank=r)
-        sample_tables.add(read_stream(d / S.SAMPLES_FILE, S.SAMPLES_SCHEMA, warnings), rank=r)
-        if (d / S.STACKS_FILE).exists():
-            try:
-                stacks[r] = safe_io.read_text(d / S.STACKS_FILE)
-            except (OSError, ValueError) as exc:
-                warnings.append(f"{d / S.STACKS_FILE}: unreadable ({_short(exc)}); no stacks for rank {r}")
+        declared = _load_rank(r, d, root, ranks, views, stacks, (event_tables, metric_tables, sample_tables),
+                              warnings)
+        world_size = max(world_size, declared)
 
     exits = run.get("ranks") if isinstance(run.get("ranks"), dict) else {}
     world_size = max(world_size, max(dirs) + 1)

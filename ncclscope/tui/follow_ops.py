@@ -1,6 +1,6 @@
 """The begin/end join of a followed run, extended from the appended rows only (`--follow`).
 
-`columns.build_ops` joins every begin row with its end row on each call
+`opsjoin.build_ops` joins every begin row with its end row on each call
 (a sort of every end row's key). Here each rank keeps its own join: an op's
 begin and end rows are matched by (rank, op_id) within the rank, never across
 ranks. A poll looks at the rank's new rows and its still-open ops only:
@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 
 from .. import schema as S
-from ..columns import ops_from_join
+from ..opsjoin import ops_from_join
 
 MASK = (1 << 40) - 1           # build_ops' key: rank << 40 | op_id & MASK; within one rank: op_id & MASK
 UID_SHIFT = 40
