@@ -335,3 +335,30 @@ def test_an_aborted_rank_keeps_its_queued_rows(tmp_path, where):
     assert (trace.ranks[0].end_status, trace.ranks[0].end_message) == ("error", "aborted (SIGABRT)")
     assert trace.ranks[0].died
     assert "Fatal Python error: Aborted" in (tmp_path / S.rank_dir_name(0) / S.STACKS_FILE).read_text()
+
+
+def test_a_trace_reads_back_as_written(tmp_path):
+    """Every row the recorder was given is in the events stream, in order, value for value: long runs of
+    begin/end rows cut by step markers, drained through the flusher's path."""
+    from ncclscope.runtime.recorder import Recorder
+    rec = Recorder(tmp_path, 0, 1, flush_interval_s=3600)
+    seen: list[tuple] = []
+    append = rec._append
+
+    def keep(row: tuple) -> None:
+        seen.append(row)
+        append(row)
+    rec._append = keep
+    for step in range(5):
+        rec.context.step = step
+        for i in range(1200):
+            rec.end(rec.begin(S.KIND_COLLECTIVE, "all_reduce", "world", i + 1, -1, -1, -1, 16, "float32", "[4]",
+                              "sum", 60000, "train.py:7"))
+            if i % 397 == 0:
+                rec.instant(S.KIND_MARKER, "step", f"step {step}")
+        rec.flush()
+    rec.close()
+    with pa.OSFile(str(rec.dir / S.EVENTS_FILE)) as f:
+        table = pa.ipc.open_stream(f).read_all()
+    rows = [tuple(r[c] for c in S.EVENT_COLUMNS) for r in table.to_pylist()]
+    assert rows == seen
