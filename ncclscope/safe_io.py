@@ -74,9 +74,9 @@ def check_regular(path: str | os.PathLike[str]) -> os.stat_result:
     return st
 
 
-def open_regular(path: str | os.PathLike[str], limit: int | None = None) -> BinaryIO:
-    """Open a regular file for binary reading without ever blocking on a FIFO;
-    InputError for anything else, or for a file over `limit` bytes."""
+def _open_checked(path: str | os.PathLike[str], limit: int | None) -> tuple[int, os.stat_result]:
+    """(descriptor, its stat) of a regular file of at most `limit` bytes, opened without ever blocking on
+    a FIFO; InputError (and nothing left open) otherwise."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
     except (OSError, ValueError) as exc:
@@ -87,6 +87,17 @@ def open_regular(path: str | os.PathLike[str], limit: int | None = None) -> Bina
             raise InputError(f"{path}: {_kind(st.st_mode)}, not a regular file; not read")
         if limit is not None and st.st_size > limit:
             raise InputError(f"{path}: {st.st_size} bytes, over the {limit}-byte limit for this file; not read")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def open_regular(path: str | os.PathLike[str], limit: int | None = None) -> BinaryIO:
+    """Open a regular file for binary reading without ever blocking on a FIFO;
+    InputError for anything else, or for a file over `limit` bytes."""
+    fd, _ = _open_checked(path, limit)
+    try:
         if hasattr(os, "set_blocking"):
             os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
@@ -100,16 +111,8 @@ def read_bytes(path: str | os.PathLike[str], limit: int = JSON_LIMIT) -> bytes:
 
     `open_regular`'s checks on a bare descriptor (no file object: the loader reads two small JSON files
     per rank, 32,768 at 16,384 ranks, and the buffered reader's setup was most of each read)."""
+    fd, st = _open_checked(path, limit)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except (OSError, ValueError) as exc:
-        raise InputError(f"{path}: unreadable ({_oserror(exc)})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise InputError(f"{path}: {_kind(st.st_mode)}, not a regular file; not read")
-        if st.st_size > limit:
-            raise InputError(f"{path}: {st.st_size} bytes, over the {limit}-byte limit for this file; not read")
         parts: list[bytes] = []
         got = 0
         try:
