@@ -23,10 +23,7 @@ def _short(exc: BaseException) -> str:
     return safe_io.short(exc)
 
 
-def _int(value: Any, default: int = -1) -> int:
-    if type(value) is int and -(2**53) <= value <= 2**53:
-        return value          # the common case without to_int's call
-    return safe_io.to_int(value, default, -(2**53), 2**53)
+_int = safe_io.trace_int
 
 
 # Rows of `Trace.groups` a contested group may cost before its majority view falls back to its members' votes.

@@ -1,7 +1,6 @@
 """The begin/end join that makes `Trace.ops` from the events frame.
 
-Split out of columns.py (the column engine that builds the events frame); `columns` re-exports both
-functions. Nothing here reads files.
+Split out of columns.py (the column engine that builds the events frame). Nothing here reads files.
 """
 from __future__ import annotations
 
@@ -32,10 +31,11 @@ def build_ops(events: pd.DataFrame) -> pd.DataFrame:
     end_rows = np.flatnonzero(is_end)
     ekeys = key[end_rows]
     begin_rows = np.flatnonzero(is_begin)
-    direct = _direct_join(key, ekeys, end_rows, begin_rows)
+    bkeys = key[begin_rows]
+    direct = _direct_join(len(key), ekeys, end_rows, bkeys)
     if direct is not None:
         found, match = direct
-        del key, end_rows, ekeys, is_begin, is_end, direct
+        del key, end_rows, ekeys, bkeys, is_begin, is_end, direct
         return _finish(ops_from_join(events, begin_rows, match, found))
     if len(ekeys) > 1 and not bool(np.all(ekeys[1:] >= ekeys[:-1])):   # in key order already: no sort
         order = np.argsort(ekeys, kind="stable")
@@ -43,7 +43,6 @@ def build_ops(events: pd.DataFrame) -> pd.DataFrame:
         del order
     last = np.r_[ekeys[1:] != ekeys[:-1], True] if len(ekeys) else np.zeros(0, dtype=bool)
     ekeys, erows = ekeys[last], end_rows[last]
-    bkeys = key[begin_rows]
     if len(ekeys):
         pos = np.minimum(np.searchsorted(ekeys, bkeys), len(ekeys) - 1)
         found = ekeys[pos] == bkeys
@@ -58,16 +57,15 @@ def build_ops(events: pd.DataFrame) -> pd.DataFrame:
     return _finish(ops_from_join(events, begin_rows, match, found))
 
 
-def _direct_join(key: np.ndarray, ekeys: np.ndarray, end_rows: np.ndarray,
-                 begin_rows: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+def _direct_join(n_rows: int, ekeys: np.ndarray, end_rows: np.ndarray,
+                 bkeys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(found, match) of `build_ops`' join by direct addressing, or None where it does not apply.
 
     The tracer numbers each rank's ops 0, 1, 2, ...: rank x (largest op id + 1) slots are then about
     one per row, and a slot table (end row of each (rank, op id), -1 for none) answers every begin row
     in one gather instead of a sort and a binary search each (16 M begin rows: 1.3 s for the search).
     Applies when the table stays within two slots per row; anything else (Flight Recorder rows' op ids
-    from 2**32, negative ranks, sparse ids) takes the sorted-key path."""
-    bkeys = key[begin_rows]
+    from 2**32, negative ranks, sparse ids) takes the sorted-key path. `n_rows`: the events' rows."""
     if not len(ekeys) or not len(bkeys):
         return None
     mask = (1 << 40) - 1
@@ -75,13 +73,13 @@ def _direct_join(key: np.ndarray, ekeys: np.ndarray, end_rows: np.ndarray,
         return None
     ranks = int(max(ekeys.max(), bkeys.max())) >> 40
     width = max(int((ekeys & mask).max()), int((bkeys & mask).max())) + 1
-    if (ranks + 1) * width > max(2 * len(key), 1 << 16):
+    if (ranks + 1) * width > max(2 * n_rows, 1 << 16):
         return None
-    table = np.full((ranks + 1) * width, -1, dtype=np.int32 if len(key) < 2**31 else np.int64)
+    table = np.full((ranks + 1) * width, -1, dtype=np.int32 if n_rows < 2**31 else np.int64)
     # an op with several end rows: the last one written (the highest row) wins, as in the sorted join
     np.maximum.at(table, (ekeys >> 40) * width + (ekeys & mask), end_rows.astype(table.dtype, copy=False))
     match = table[(bkeys >> 40) * width + (bkeys & mask)].astype(np.int64)
-    del table, bkeys
+    del table
     return match >= 0, match
 
 

@@ -301,6 +301,14 @@ def to_int(value: Any, default: int = -1, lo: int = INT64_MIN, hi: int = INT64_M
     return out if lo <= out <= hi else default
 
 
+TRACE_INT_BOUND = 2**53      # no field of a trace needs more: a bigger rank, pid, offset or count is junk
+
+
+def trace_int(value: Any, default: int = -1) -> int:
+    """An int from a trace's metadata, bounded to |x| <= 2**53, else `default`."""
+    return to_int(value, default, -TRACE_INT_BOUND, TRACE_INT_BOUND)
+
+
 def to_float(value: Any, default: float = -1.0, limit: float = 1e300) -> float:
     """A finite float with |x| <= limit from input, else `default`."""
     try:

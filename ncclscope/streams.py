@@ -21,11 +21,6 @@ from .columns import conform_table, missing_only
 _ABSENT = (errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP)
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text[:200]
-
-
 def read_stream(path: Path, schema: pa.Schema, warnings: list[str]) -> pa.Table:
     """Read an append-only Arrow IPC stream, keeping every complete batch.
 
@@ -54,7 +49,7 @@ def read_stream_lazy(path: Path | str, schema: pa.Schema, warnings: list[str],
     except FileNotFoundError:
         return schema.empty_table(), True
     except (OSError, ValueError) as exc:
-        warnings.append(f"{path}: unreadable ({_short(exc)}); skipped")
+        warnings.append(f"{path}: unreadable ({safe_io.short(exc)}); skipped")
         return schema.empty_table(), isinstance(exc, OSError) and exc.errno in _ABSENT
     if not stat.S_ISREG(st.st_mode):
         warnings.append(f"{path}: {safe_io._kind(st.st_mode)}, not a regular file; skipped")
@@ -70,7 +65,7 @@ def read_stream_lazy(path: Path | str, schema: pa.Schema, warnings: list[str],
         reader = pa.ipc.open_stream(source)
         file_version = (reader.schema.metadata or {}).get(b"ncclscope_schema", b"").decode(errors="replace")
     except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
-        warnings.append(f"{path}: not a readable Arrow stream ({_short(exc)}); skipped")
+        warnings.append(f"{path}: not a readable Arrow stream ({safe_io.short(exc)}); skipped")
         return schema.empty_table(), False
     if file_version and S.major(file_version) != S.major(S.SCHEMA_VERSION):
         warnings.append(f"{path}: schema version {file_version[:40]}, this reader understands {S.SCHEMA_VERSION}; skipped")
@@ -83,12 +78,12 @@ def read_stream_lazy(path: Path | str, schema: pa.Schema, warnings: list[str],
         except StopIteration:
             break
         except (pa.ArrowException, OSError, ValueError, MemoryError, IndexError, KeyError) as exc:
-            warnings.append(f"{path}: torn batch after {len(batches)} complete ones ({_short(exc)}); kept those")
+            warnings.append(f"{path}: torn batch after {len(batches)} complete ones ({safe_io.short(exc)}); kept those")
             break
     try:
         table = pa.Table.from_batches(batches, schema=reader.schema) if batches else reader.schema.empty_table()
     except (pa.ArrowException, ValueError) as exc:
-        warnings.append(f"{path}: batches disagree with the stream's schema ({_short(exc)}); skipped")
+        warnings.append(f"{path}: batches disagree with the stream's schema ({safe_io.short(exc)}); skipped")
         return schema.empty_table(), False
     same = table.replace_schema_metadata(schema.metadata)      # already in this schema: nothing to conform
     if same.schema.equals(schema, check_metadata=True):

@@ -130,11 +130,6 @@ def _empty(schema: pa.Schema) -> pa.Table:
     return schema.empty_table()
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text[:200]
-
-
 def _read_json(path: Path | str, warnings: list[str], root: Path | None = None) -> dict[str, Any]:
     """A JSON object from a regular file of bounded size, through the guarded
     parser (safe_io.loads); {} with one warning for anything else. A declared
@@ -204,16 +199,7 @@ def _bound_world(data: dict[str, Any], root: Path, where: Path, warnings: list[s
         data["world_size"] = highest + 1
 
 
-def _int(value: Any, default: int = -1) -> int:
-    """An int from input, bounded to |x| <= 2**53 (no field of a trace needs more:
-    a bigger rank, pid, offset or count is junk), else `default`."""
-    if type(value) is int and -_INT_BOUND <= value <= _INT_BOUND:
-        return value          # the common case, without to_int's call (14 per rank: 1.3 s at 16,384 ranks)
-    from .safe_io import to_int
-    return to_int(value, default, -_INT_BOUND, _INT_BOUND)
-
-
-_INT_BOUND = 2**53
+_int = safe_io.trace_int     # an int from input, bounded to |x| <= 2**53, else the default
 
 
 def _call_sites(value: Any, limit: int = 100_000) -> dict[str, tuple[str, int]]:
@@ -238,7 +224,7 @@ def _rank_dirs(path: Path, warnings: list[str]) -> dict[int, Path]:
     try:
         entries = sorted(path.iterdir(), key=lambda e: e.name)   # Path order within one directory, by name
     except OSError as exc:
-        warnings.append(f"{path}: cannot list ({_short(exc)})")
+        warnings.append(f"{path}: cannot list ({safe_io.short(exc)})")
         return found
     for entry in entries:
         if entry.name.startswith("rank-") and entry.is_dir():
@@ -310,7 +296,7 @@ def _load_rank(r: int, d: Path, root: Path, ranks: dict[int, RankInfo], views: G
         try:
             views.add(r, safe_io.read_bytes(gpath, safe_io.JSON_LIMIT), warnings, gpath)
         except (OSError, ValueError) as exc:     # safe_io.InputError: not a regular file, too big
-            warnings.append(f"{gpath}: unreadable ({_short(exc)}); this rank's group view is unknown")
+            warnings.append(f"{gpath}: unreadable ({safe_io.short(exc)}); this rank's group view is unknown")
     elif isinstance(meta.get("groups"), list):   # traces written before groups.json
         views.add(r, meta["groups"], warnings, rank_json)
     event_tables, metric_tables, sample_tables = tables
@@ -331,7 +317,7 @@ def _load_rank(r: int, d: Path, root: Path, ranks: dict[int, RankInfo], views: G
         try:
             stacks[r] = safe_io.read_text(spath)
         except (OSError, ValueError) as exc:
-            warnings.append(f"{spath}: unreadable ({_short(exc)}); no stacks for rank {r}")
+            warnings.append(f"{spath}: unreadable ({safe_io.short(exc)}); no stacks for rank {r}")
     return _int(meta.get("world_size"), 0)
 
 
