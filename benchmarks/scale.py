@@ -212,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     import synth
 
     sizes = [int(s) for s in ns.sizes.split(",") if s.strip()]
+    if ns.run_dir:       # one run, measured once, at its own size (not once per --sizes entry)
+        sizes = [int(json.loads((Path(ns.run_dir) / "run.json").read_text()).get("world_size", 0))]
     print(f"ncclscope load + analysis.run on synthetic hung traces; {ns.events_per_rank:,} events per rank, "
           f"at most {ns.max_events:,} per size but at least {ns.min_events_per_rank:,} per rank; "
           f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '(unset)')}", flush=True)

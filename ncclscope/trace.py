@@ -29,8 +29,9 @@ from . import schema as S
 
 from .ingest.errors import TraceError
 from .usertrace.fr_merge import FR_FILE, FR_NCCL_PREFIX, merge_rank
-from .columns import _CATEGORICAL, conform_table, STATUS_INFLIGHT, _aligned, _columns, _Columns, _equals, _fill_ints, _trim, no_hugepages, _force_rank  # noqa: F401,E501
-from .opsjoin import build_ops
+from .columns import _CATEGORICAL, conform_table, STATUS_INFLIGHT, _aligned, _columns, _Columns, _equals, _fill_ints, _force_rank  # noqa: F401,E501
+from .heap import no_hugepages, trim
+from .opsjoin import build_ops, copy_on_write
 from .groupviews import GROUP_ROW_BUDGET, GroupViews, _parse_view  # noqa: F401
 from .streams import read_stream, read_stream_lazy  # noqa: F401  (read_stream: moved, re-exported)
 
@@ -324,7 +325,7 @@ def _load_rank(r: int, d: Path, root: Path, ranks: dict[int, RankInfo], views: G
 def load(path: str | os.PathLike[str]) -> Trace:
     """Load a run directory. Raises TraceError only when nothing can be analyzed."""
     root = Path(path)
-    no_hugepages()          # big fresh arrays from here on: columns.no_hugepages says why
+    no_hugepages()          # big fresh arrays from here on: heap.no_hugepages says why
     if not root.exists():
         raise TraceError(f"{root}: no such directory")
     if not root.is_dir():
@@ -377,9 +378,14 @@ def assemble(
     foreign-format readers in `ingest/`, so every analysis sees one shape.
     The table lists are consumed (emptied) to keep peak memory near one copy."""
     no_hugepages()
-    events = _fill_ints(_columns(event_tables, S.EVENTS_SCHEMA).frame(), S.EVENTS_SCHEMA)
+    # begin rows first: the ops columns are then views of them (`_Columns.frame`, `opsjoin.ops_from_join`)
+    events = _fill_ints(_columns(event_tables, S.EVENTS_SCHEMA).frame(lead=("phase", S.PHASE_BEGIN)),
+                        S.EVENTS_SCHEMA)
     offsets = {r: int(info.clock_offset_ns) for r, info in ranks.items()}
-    events["t_ns"] = _aligned(events["time_ns"].to_numpy(), events["rank"].to_numpy(), offsets)
+    if any(offsets.values()):
+        events["t_ns"] = _aligned(events["time_ns"].to_numpy(), events["rank"].to_numpy(), offsets)
+    else:        # one clock (one host, a dump): t_ns is time_ns, one buffer under copy-on-write
+        events["t_ns"] = events["time_ns"] if copy_on_write() else events["time_ns"].copy()
     metrics = _fill_ints(_columns(metric_tables, S.METRICS_SCHEMA).frame(), S.METRICS_SCHEMA)
     samples = _fill_ints(_columns(sample_tables, S.SAMPLES_SCHEMA).frame(), S.SAMPLES_SCHEMA)
     if len(samples):
@@ -391,7 +397,7 @@ def assemble(
         group_views.add_rows(group_rows or [])
     groups = group_views.table()
     ops = build_ops(events)
-    _trim()
+    trim()
     return Trace(
         group_views=group_views,
         path=path, run=run, world_size=world_size, ranks=dict(sorted(ranks.items())), events=events,

@@ -98,6 +98,7 @@ def test_lazy_fill_is_the_per_file_conform(tmp_path: Path, drop: tuple[str, ...]
     want["time_ns"] = want["time_ns"] + want["rank"].to_numpy().astype(np.int64) * 7
     pd.testing.assert_frame_equal(trace.metrics, want, check_exact=True)
     events, _ = _plain_tables(root, S.EVENTS_SCHEMA, S.EVENTS_FILE)
+    events = _begin_first(events)                # the loader keeps the begin rows first (trace.assemble)
     pd.testing.assert_frame_equal(trace.events.drop(columns=["t_ns"]), events, check_exact=True)
     assert not warns and not [w for w in trace.warnings if "metrics" in w]
 
@@ -305,3 +306,59 @@ def test_direct_join_is_the_sorted_join(seed: int, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(opsjoin, "_direct_join", lambda *a: None)
     want = J.build_ops(events)
     pd.testing.assert_frame_equal(got, want, check_exact=True)
+
+
+def _begin_first(df: pd.DataFrame) -> pd.DataFrame:
+    """The frame's begin rows, then the others, each in its order (what `_Columns.frame(lead=...)` makes)."""
+    begin = (df["phase"].astype(str) == "begin").to_numpy()
+    return pd.concat([df[begin], df[~begin]]).reset_index(drop=True)
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_leading_rows_come_first_and_ops_are_views(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`frame(lead=("phase", "begin"))`: the frame `frame()` makes with its begin rows first, each part in its
+    order, over any batching (pieces that start, end or hold no begin row, rows that lead already); the ops
+    `build_ops` makes from it equal the file order's, their columns views of the events' (and a write to
+    either frame leaves the other as it was: copy-on-write)."""
+    monkeypatch.setattr(C._Columns, "BATCH_ROWS", int(np.random.default_rng(seed).integers(1, 40)))
+    rng = np.random.default_rng(seed)
+    schema = pa.schema([("rank", pa.int32()), ("op_id", pa.int64()), ("phase", pa.string()), ("peer", pa.int32()),
+                        ("kind", pa.string()), ("status", pa.string()), ("message", pa.string()),
+                        ("time_ns", pa.int64()), ("note", pa.string())])
+    tables = []
+    for r in range(int(rng.integers(1, 6))):
+        n = int(rng.integers(0, 40))
+        p = [0.45, 0.45, 0.1] if seed % 4 else [1.0, 0.0, 0.0]
+        phase = rng.choice(["begin", "end", "instant"], n, p=p)
+        if seed % 4 == 1:
+            phase = np.sort(phase)           # begin rows lead within the rank (not across ranks)
+        tables.append(pa.table({"rank": pa.array(np.full(n, r, np.int32)), "op_id": pa.array(np.arange(n) // 2),
+                                "phase": pa.array(phase.tolist(), pa.string()),
+                                "peer": pa.array(rng.integers(-1, 3, n).astype(np.int32)),
+                                "kind": pa.array(rng.choice(["p2p", "collective"], n).tolist()),
+                                "status": pa.array(rng.choice(["", "ok"], n).tolist()),
+                                "message": pa.array(rng.choice(["", "m"], n).tolist()),
+                                "time_ns": pa.array(np.arange(n) * 10), "note": pa.array([f"n{i}" for i in range(n)])},
+                               schema=schema))
+    plain, lead = C._Columns(schema), C._Columns(schema)
+    plain.cats.pop("note", None), lead.cats.pop("note", None)
+    for t in tables:
+        plain.add(t)
+        lead.add(t)
+    want = plain.frame()
+    got = lead.frame(lead=("phase", "begin"))
+    pd.testing.assert_frame_equal(got, _begin_first(want), check_exact=True)
+    want["t_ns"], got["t_ns"] = want["time_ns"], got["time_ns"]
+    want_ops, ops = J.build_ops(want), J.build_ops(got)
+    pd.testing.assert_frame_equal(ops, want_ops, check_exact=True)
+    nb = int((want["phase"] == "begin").sum())
+    if nb and nb < len(got):
+        for c in ("rank", "op_id", "peer", "start_ns"):
+            assert np.shares_memory(ops[c].to_numpy(), got["t_ns" if c == "start_ns" else c].to_numpy())
+        assert np.shares_memory(ops["kind"].array._codes, got["kind"].array._codes)
+        before = got.copy()
+        ops.loc[0, "peer"] = 99
+        ops.loc[0, "kind"] = "p2p" if ops["kind"].iat[0] == "collective" else "collective"
+        pd.testing.assert_frame_equal(got, before)
+        got.loc[0, "rank"] = 7
+        assert int(ops["rank"].iat[0]) == int(before["rank"].iat[0])

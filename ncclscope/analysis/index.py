@@ -52,7 +52,7 @@ from .labels import fmt_ranks, group_label, trace_start_ns
 from .membership import GroupInfo, group_view_table, recorded_groups, used_groups
 from .p2p_pairs import match_p2p, p2p_ops
 from .rank_states import EndStates, end_states
-from ..columns import _trim
+from ..heap import trim
 
 if TYPE_CHECKING:
     from ..trace import Trace
@@ -67,7 +67,7 @@ def release_heap(trace: "Trace | None") -> None:
     copies of one analysis would stay in the resident set under the next one's). A no-op on small traces."""
     ops = getattr(trace, "ops", None)
     if ops is not None and len(ops) >= BIG_OPS:
-        _trim()
+        trim()
 
 
 ROW_VIEWS = ("coll", "p2p", "p2p_pairs")   # the index's views with a row per op: the hang questions' working set
@@ -84,7 +84,7 @@ def release_views(trace: "Trace | None", names: tuple[str, ...] = ROW_VIEWS) -> 
         return
     for name in names:
         ix.__dict__.pop(name, None)
-    _trim()
+    trim()
 
 
 class IndexLookupError(LookupError):

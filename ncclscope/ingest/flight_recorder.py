@@ -49,7 +49,7 @@ import pyarrow as pa
 
 from .. import safe_io
 from .. import schema as S
-from ..columns import _trim
+from ..heap import trim
 from ..trace import RankInfo, Trace, TraceError, assemble
 from .fr_fixups import _group_members, _infer_gloo, _p2p_sequences, _parse_profiling_name, _peer
 from .fr_entries import Entries
@@ -136,7 +136,7 @@ def _load(path: str | Path, world_size: int | None) -> Trace:
         warnings.append(f"ranks wrote different dump versions: {sorted(versions)}")
 
     ents.finish()
-    _trim()             # the per-dump pieces' heap (~0.25 GB at 2 M entries) goes back before the next stage
+    trim()             # the per-dump pieces' heap (~0.25 GB at 2 M entries) goes back before the next stage
     world = max(max(files) + 1, world_size or 0)
     cap = safe_io.plausible_world(1, len(files), max(max(files), world - 1))
     implausible: set[str] = set()
@@ -298,7 +298,7 @@ def _load(path: str | Path, world_size: int | None) -> Trace:
     del ents, label, op, is_p2p, completed, end_ns, inferred, p2p_seq, peer, coll, pair_code, pair_key, state_completed
     tables = _event_tables(cols, keep, texts)
     del cols, keep
-    _trim()
+    trim()
     tables.append(markers)
 
     ranks: dict[int, RankInfo] = {}
