@@ -102,7 +102,8 @@ def analyze_comm(trace: Trace, slow_factor: float = 5.0, min_excess_ms: float = 
     inst = collective_instances(trace, ())[1] if instances is None else instances
     if len(inst):
         inst = inst.copy()
-        inst["group_kind"] = inst["process_group"].map(kinds).fillna("custom")
+        # object first: where no group has a kind the map is all-NaN float64, which a str fill would not fit
+        inst["group_kind"] = inst["process_group"].map(kinds).astype(object).fillna("custom")
         done = inst["complete"] & (inst["op_ns"] >= 0)
         inst["latency_ms"] = np.where(done, inst["op_ns"] / MS, np.nan)
         inst["size_bytes"] = size_bytes(inst["op_name"], inst["bytes"], inst["members"])
