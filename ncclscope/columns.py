@@ -242,8 +242,8 @@ class _Columns:
         if code is None or not self.parts[name]:
             return None
         hits = [p == code for p in self.parts[name]]
-        n = sum(int(np.count_nonzero(h)) for h in hits)
         whole = np.concatenate(hits)
+        n = int(np.count_nonzero(whole))
         if n == 0 or n == len(whole) or bool(whole[:n].all()):
             return None
         del whole

@@ -1,13 +1,17 @@
 """The analyzer process's heap: what keeps its resident set near the tables it holds.
 
-Both are process-wide and idempotent; callers are the loader (`trace.assemble`, the Flight Recorder
-builder) and the index (`analysis.index`), each where big temporaries have just been freed.
+`no_hugepages` and `trim` are process-wide and idempotent; callers are the loader (`trace.assemble`, the
+Flight Recorder builder) and the index (`analysis.index`), each where big temporaries have just been
+freed. `copy_on_write` says whether frames may share column buffers (the ops columns as views of the
+begin rows, a dump's equal columns).
 """
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["no_hugepages", "trim"]
+import pandas as pd
+
+__all__ = ["copy_on_write", "no_hugepages", "trim"]
 
 
 def no_hugepages() -> None:
@@ -46,3 +50,14 @@ def trim() -> None:
 
 
 _LIBC: Any = None
+
+
+def copy_on_write() -> bool:
+    """Whether pandas copies a shared buffer before a write (always from pandas 3; an option before):
+    without it a write to one column would show in every column or frame sharing its buffer."""
+    if int(pd.__version__.split(".")[0]) >= 3:
+        return True
+    try:
+        return bool(pd.options.mode.copy_on_write)
+    except (AttributeError, KeyError):
+        return False

@@ -11,6 +11,7 @@ import pandas as pd
 
 from . import schema as S
 from .columns import STATUS_INFLIGHT, _equals
+from .heap import copy_on_write
 
 
 def build_ops(events: pd.DataFrame) -> pd.DataFrame:
@@ -98,7 +99,7 @@ def ops_from_join(events: pd.DataFrame, begin_rows: np.ndarray, match: np.ndarra
     end row, -1 for none) and `found` (match >= 0); rows in `begin_rows` order. Shared by `build_ops` and
     the `--follow` reader's incremental join (tui/follow_ops.py)."""
     keep = [c for c in events.columns if c not in ("phase", "status", "message", "time_ns")]
-    head = _leading(begin_rows, events) if copy_on_write() else 0   # the begin rows lead: columns are views
+    head = _leading(begin_rows) if copy_on_write() else 0   # the begin rows lead: columns are views
 
     def column(c: str) -> Any:
         return _view(events[c], head) if head else _take(events[c], begin_rows)
@@ -124,24 +125,13 @@ def ops_from_join(events: pd.DataFrame, begin_rows: np.ndarray, match: np.ndarra
     return ops
 
 
-def _leading(rows: np.ndarray, events: pd.DataFrame) -> int:
+def _leading(rows: np.ndarray) -> int:
     """len(rows) when `rows` are the frame's first rows in order (0, 1, ..., n-1: the loader puts them first), else 0.
     `rows` come from flatnonzero (strictly increasing), so the last one being n-1 says it."""
     n = len(rows)
-    if not n or int(rows[-1]) != n - 1 or int(rows[0]) != 0 or not isinstance(events.index, pd.RangeIndex):
+    if not n or int(rows[-1]) != n - 1 or int(rows[0]) != 0:
         return 0
     return n if n < 3 or bool(np.all(rows[1:] > rows[:-1])) else 0
-
-
-def copy_on_write() -> bool:
-    """Whether pandas copies a shared buffer before a write (always from pandas 3; an option before):
-    without it a write to one column would show in every column or frame sharing its buffer."""
-    if int(pd.__version__.split(".")[0]) >= 3:
-        return True
-    try:
-        return bool(pd.options.mode.copy_on_write)
-    except (AttributeError, KeyError):
-        return False
 
 
 def _view(col: pd.Series, n: int) -> pd.Series:

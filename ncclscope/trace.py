@@ -30,8 +30,8 @@ from . import schema as S
 from .ingest.errors import TraceError
 from .usertrace.fr_merge import FR_FILE, FR_NCCL_PREFIX, merge_rank
 from .columns import _CATEGORICAL, conform_table, STATUS_INFLIGHT, _aligned, _columns, _Columns, _equals, _fill_ints, _force_rank  # noqa: F401,E501
-from .heap import no_hugepages, trim
-from .opsjoin import build_ops, copy_on_write
+from .heap import copy_on_write, no_hugepages, trim
+from .opsjoin import build_ops
 from .groupviews import GROUP_ROW_BUDGET, GroupViews, _parse_view  # noqa: F401
 from .streams import read_stream, read_stream_lazy  # noqa: F401  (read_stream: moved, re-exported)
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Iterable
 import numpy as np
 import pandas as pd
 
-from ..opsjoin import copy_on_write
+from ..heap import copy_on_write
 
 if TYPE_CHECKING:
     from ..trace import Trace
