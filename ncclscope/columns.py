@@ -17,7 +17,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc  # noqa: F401
 
-from . import schema as S
 from .heap import trim
 
 STATUS_INFLIGHT = "inflight"

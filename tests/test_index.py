@@ -276,9 +276,9 @@ def test_a_4096_rank_hang_is_diagnosed_in_budget_and_names_the_skipper():
 
 
 def test_collective_wait_edges_are_the_merge_of_waiters_and_absent_members_without_it():
-    # waitgraph._expand must give exactly the rows (and order) of b.merge(m, on=(group, seq)), minus self-edges,
+    # wait_edges._expand must give exactly the rows (and order) of b.merge(m, on=(group, seq)), minus self-edges,
     # "not begun" first; strings as categoricals (a 16,384-rank world barrier is 4.1 M edges)
-    from ncclscope.analysis.waitgraph import EDGE_COLUMNS, _expand
+    from ncclscope.analysis.wait_edges import EDGE_COLUMNS, _expand
     rng = np.random.default_rng(3)
     b = pd.DataFrame({"waiter": rng.integers(0, 40, 60), "process_group": rng.choice(["dp0", "tp1", "world"], 60),
                       "seq": rng.integers(1, 4, 60), "op_name": rng.choice(["all_reduce", "barrier"], 60),

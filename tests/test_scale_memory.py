@@ -14,7 +14,7 @@ import pytest
 from ncclscope import columns as C
 from ncclscope.analysis import p2p_pairs as P
 from ncclscope.analysis import utilization as U
-from ncclscope.analysis import waitgraph as W
+from ncclscope.analysis import wait_edges as W
 from ncclscope.trace import force_rank
 
 SCHEMA = pa.schema([("rank", pa.int32()), ("op_name", pa.string()), ("kind", pa.string()), ("step", pa.int32())])
@@ -110,4 +110,4 @@ def test_sorted_edges_are_the_filtered_sort(seed: int) -> None:
         edges = edges.sort_values(["start_ns", "waiter", "target"], kind="stable").reset_index(drop=True)
     keep = rng.random(n) < 0.7
     want = edges[keep].sort_values(["start_ns", "waiter", "target"], kind="stable").reset_index(drop=True)
-    pd.testing.assert_frame_equal(W._sorted_rows(edges, keep), want, check_exact=True)
+    pd.testing.assert_frame_equal(W._sorted(edges[keep]), want, check_exact=True)

@@ -668,17 +668,32 @@ def test_tui_verdict_is_the_composers_on_every_sample() -> None:
     dirs = sorted(d for d in SAMPLES.iterdir() if (d / S.RUN_JSON).exists())
     assert len(dirs) >= 8
 
-    async def go(d: Path) -> tuple[str, list[int]]:
+    async def go(d: Path) -> tuple[str, list[int], dict[str, str]]:
         app = make_app(d)
+        stages: dict[str, str] = {}
+        apply = app.apply
+
+        def record(model, trace, analysis=None):     # the verdict line each stage put on screen
+            apply(model, trace, analysis)
+            stages[model.stage] = _verdict_text(app)
+        app.apply = record
         async with app.run_test(size=(80, 24)) as pilot:
             await wait_ready(pilot)
-            return _verdict_text(app), _grid_roots(app)
+            return _verdict_text(app), _grid_roots(app), stages
 
+    hung = 0
     for d in dirs:
         a = compose(load(d))
-        shown, roots = run(go(d))
+        shown, roots, stages = run(go(d))
         assert shown == a.verdict, d.name
         assert roots == a.root_ranks, d.name
+        # a hang's verdict is on screen before the performance analyses end, and it is the final one
+        found_hang = a.diagnosis is not None and not a.diagnosis.ok
+        assert ("diagnosed" in stages) == found_hang, (d.name, stages)
+        if found_hang:
+            hung += 1
+            assert stages["diagnosed"] == a.verdict, d.name
+    assert hung >= 2
 
 
 def test_straggler_root_rank_is_marked_in_grid_and_rank_view() -> None:

@@ -374,7 +374,8 @@ def sequence_skips(ix, ranks: list[int]) -> pd.DataFrame:
     if not len(coll) or not ranks:
         return pd.DataFrame(columns=cols)
     want = sorted(set(int(r) for r in ranks))[:MAX_SEQUENCE_RANKS]
-    c = coll[coll["rank"].isin(want) & (coll["step"] >= 0) & (coll["call_site"] != "")]
+    c = coll[coll["rank"].isin(want).to_numpy()]          # a few ranks' rows first, then the row tests
+    c = c[((c["step"] >= 0) & (c["call_site"] != "")).to_numpy()]
     rows = []
     for (r, g), sub in c.groupby(["rank", "process_group"], sort=True):
         r, g = int(r), str(g)

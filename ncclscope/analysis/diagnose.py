@@ -41,7 +41,7 @@ import pandas as pd
 
 from .. import schema as S
 from ..findings import SEVERITIES, Evidence, Explains, Finding, InstanceRef, Role
-from .headline import OK_VERDICT, hang_verdict
+from .headline import OK_VERDICT, hang_verdict  # noqa: F401  (OK_VERDICT re-exported)
 from .census import deviations_before_death, sequence_skips
 from .instances import DEVIATION_COLUMNS, find_history_deviations
 from .collectives import analyze_collectives
@@ -60,6 +60,7 @@ from .waitfor import analyze_waits
 
 if TYPE_CHECKING:
     from ..trace import Trace
+    from .wait_edges import WaitEdges
 
 ROOT_KINDS = ("deadlock", "hang", "dead_rank", "stuck_in_compute")
 PROMOTABLE = ("wrong_group", "collective_mismatch", "schedule_deviation", "hang", "unmatched_p2p",
@@ -75,6 +76,7 @@ class Diagnosis:
     verdict: str
     findings: list[Finding]
     tables: dict[str, pd.DataFrame] = field(default_factory=dict)
+    waits: "WaitEdges | None" = None      # the wait-for edges, expanded on demand (`.select`, `.frame`)
 
     @property
     def ok(self) -> bool:
@@ -105,11 +107,11 @@ def diagnose(trace: Trace, max_per_group: int = 5) -> Diagnosis:
     causes = (_with_deaths_inside(ix, cr.findings) + sched + before + tag_deviations(ix, pr.findings)
               + size_deviations(ix) + pr.findings + gr.findings + context)
     findings = combine(trace, *fr_roots(ix, roots, causes))
-    tables = {"wait_edges": wr.edges, "blocking_ops": wr.blocking, "rank_states": wr.ranks,
+    tables = {"blocking_ops": wr.blocking, "rank_states": wr.ranks,
               "collective_instances": cr.instances, "collective_deviations": cr.deviations,
               "missing_participants": cr.missing, "p2p_pairs": pr.pairs, "p2p_unmatched": pr.unmatched,
               "group_view_deviations": gr.view_deviations}
-    return Diagnosis(verdict=hang_verdict(findings), findings=findings, tables=tables)
+    return Diagnosis(verdict=hang_verdict(findings), findings=findings, tables=tables, waits=wr.waits)
 
 
 # --------------------------------------------------------------------------

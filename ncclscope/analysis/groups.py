@@ -27,6 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from ..findings import Evidence, Finding, InstanceRef, WaitSummary
@@ -163,8 +164,11 @@ def check_orthogonality(source: IndexLike) -> list[Finding]:
     if not ix.recorded:
         return []
     trace, members, kinds = ix.trace, ix.recorded_members, ix.kinds
-    rows = [(str(kinds.get(n, "custom")), n, int(r)) for n, rs in members.items() for r in rs]
-    long = pd.DataFrame(rows, columns=["kind", "process_group", "rank"])
+    names = list(members)
+    sizes = np.fromiter((len(members[n]) for n in names), dtype=np.int64, count=len(names))
+    flat = np.fromiter((r for n in names for r in members[n]), dtype=np.int64, count=int(sizes.sum()))
+    long = pd.DataFrame({"kind": np.repeat(np.array([str(kinds.get(n, "custom")) for n in names], dtype=object), sizes),
+                         "process_group": np.repeat(np.array(names, dtype=object), sizes), "rank": flat})
     long = long[~long["kind"].isin(NOT_ORTHOGONAL_KINDS) & ~long["kind"].str.startswith(INFERRED_PREFIX)]
     findings: list[Finding] = []
     world = set(range(trace.world_size))
@@ -194,10 +198,23 @@ def check_orthogonality(source: IndexLike) -> list[Finding]:
     return findings
 
 
+def _text(col: pd.Series) -> np.ndarray:
+    """`col.astype(str)` as an object array; a categorical through its categories (each distinct text
+    converted once: the collective rows of 16,384 ranks are millions, their call sites a handful)."""
+    if isinstance(col.dtype, pd.CategoricalDtype):
+        cats = np.array([str(c) for c in col.cat.categories] + ["nan"], dtype=object)
+        return cats[col.cat.codes.to_numpy()]          # code -1 (missing) -> "nan", as astype(str)
+    return col.astype(str).to_numpy(dtype=object)
+
+
 def _match_key(df: pd.DataFrame) -> pd.Series:
     """How two ranks' ops correspond: the call site, or the shapes when no call site was recorded."""
-    cs = df["call_site"].astype(str)
-    return cs.where(cs != "", "sizes:" + df["input_sizes"].astype(str))
+    key = _text(df["call_site"])
+    empty = np.flatnonzero(key == "")
+    if len(empty):
+        key = key.copy()
+        key[empty] = ["sizes:" + t for t in _text(df["input_sizes"].iloc[empty])]
+    return pd.Series(key, index=df.index, dtype=object)
 
 
 def find_wrong_group(source: IndexLike, max_findings: int = 16) -> list[Finding]:
@@ -210,7 +227,7 @@ def find_wrong_group(source: IndexLike, max_findings: int = 16) -> list[Finding]
     ranks in (g, k) used there, b used the wrong group: h instead of g.
     """
     ix = as_index(source)
-    trace, coll, missing, members = ix.trace, ix.coll, ix.missing, ix.members
+    coll, missing, members = ix.coll, ix.missing, ix.members
     if not len(missing) or not len(coll):
         return []
     miss = missing.head(max_findings * 8)[["process_group", "seq", "rank", "n_began", "n_members"]]
@@ -239,7 +256,13 @@ def find_wrong_group(source: IndexLike, max_findings: int = 16) -> list[Finding]
     # Legit when the ranks that entered (g, k) also called a group of h's kind there (each rank
     # all-reduces over its own tp group, or a loop over groups): b did the same, not a substitute.
     kinds = ix.kinds
-    kind = lambda s: s.map(lambda n: kind_of(str(n), kinds))  # noqa: E731  (few distinct names)
+    def kind(s: pd.Series) -> pd.Series:      # few distinct names, many rows: each name once
+        if isinstance(s.dtype, pd.CategoricalDtype):
+            cats = np.array([kind_of(str(n), kinds) for n in s.cat.categories] + [kind_of("nan", kinds)],
+                            dtype=object)
+            return pd.Series(cats[s.cat.codes.to_numpy()], index=s.index, dtype=object)
+        names = s.astype(str)
+        return names.map({n: kind_of(n, kinds) for n in pd.unique(names)})
     c = c.assign(wrong_kind=kind(c["wrong_group"]))
     users = inst[["process_group", "seq", "rank"]].rename(columns={"rank": "user"})
     used = coll[coll["rank"].isin(users["user"].unique()) & coll["step"].isin(c["step"].unique())]

@@ -67,10 +67,9 @@ def rank_label(trace: Trace, ranks: Iterable[int]) -> str:
     rs = sorted({int(r) for r in ranks})
     if not rs:
         return "no rank"
-    keys = varying_coords(trace)
     coords = []
     if len(rs) <= 8:
-        for k in keys:
+        for k in varying_coords(trace):
             vals = [trace.ranks[r].coords.get(k) for r in rs if r in trace.ranks]
             vals = [v for v in vals if v is not None]
             if len(vals) != len(rs):

@@ -39,6 +39,7 @@ from .labels import fmt_ranks, rank_label, seconds
 from .loop_order import looped, loop_leavers
 from .p2p_pairs import direction
 from .stacks import user_frame
+from .wait_edges import WaitEdges
 from .waitgraph import WaitGraph, wait_graph
 from .wording import (MAX_EVIDENCE, WaitContext, at_site, edge_desc, op_desc, op_evidence, payload, since, sort_key,
                       waiter_evidence, waiting_summary, wanted_desc)
@@ -50,10 +51,15 @@ MAX_HOPS = 4                     # cycle hops spelled out in a deadlock title
 @dataclass
 class WaitReport:
     findings: list[Finding] = field(default_factory=list)
-    edges: pd.DataFrame = field(default_factory=pd.DataFrame)     # waiter -> target, with the op
+    waits: WaitEdges = field(default_factory=WaitEdges)           # waiter -> target, with the op (on demand)
     blocking: pd.DataFrame = field(default_factory=pd.DataFrame)  # each rank's blocking ops
     ranks: pd.DataFrame = field(default_factory=pd.DataFrame)     # per-rank role: dead/blocked/computing/...
     cycles: list[list[int]] = field(default_factory=list)
+
+    @property
+    def edges(self) -> pd.DataFrame:
+        """Every edge as one table (a 16,384-rank world barrier: 4.1 M rows), built on first use."""
+        return self.waits.frame
 
 
 def analyze_waits(source: IndexLike) -> WaitReport:
@@ -62,7 +68,7 @@ def analyze_waits(source: IndexLike) -> WaitReport:
     graph = wait_graph(ix)
     ctx = WaitContext(ix, graph.edges)
     findings, cycles = _classify(ctx, graph)
-    return WaitReport(findings=findings, edges=graph.edges, blocking=ix.blocking, ranks=ix.rank_states.reset_index(),
+    return WaitReport(findings=findings, waits=graph.edges, blocking=ix.blocking, ranks=ix.rank_states.reset_index(),
                       cycles=cycles)
 
 
@@ -134,7 +140,7 @@ def _cycle_sites(ctx: WaitContext, steps: list) -> str:
 
 
 def _cycle_finding(ctx: WaitContext, comp: list[int], cycle: list[int], waiters: set[int]) -> tuple[tuple, Finding]:
-    inside = ctx.edges[ctx.edges["waiter"].isin(comp) & ctx.edges["target"].isin(comp)]
+    inside = ctx.edges.select(waiters=comp, targets=comp)
     outside = set(waiters) - set(comp)
     shift = _shift_suspects(ctx, comp, inside)
     if shift is not None:
@@ -253,7 +259,7 @@ def _shift_finding(ctx: WaitContext, comp: list[int], cycle: list[int], involved
     if summary:
         title += f"; {summary}"
     # The instance the cycle is blocked on in g (where the shift surfaced), for supporting findings.
-    on_g = ctx.edges[(ctx.edges["process_group"] == g) & ctx.edges["waiter"].isin(list(involved))]
+    on_g = ctx.edges.select(waiters=involved, group=g)
     blocked_k = int(on_g["seq"].min()) if len(on_g) else int(e["ref_seq"])
     ev = []
     for r in shift.itertuples(index=False):
@@ -301,7 +307,7 @@ def _endpoint_finding(ctx: WaitContext, r: int, role: str, waiters: set[int]) ->
     summary, start, direct = waiting_summary(ctx, waiters, [r])
     who = rank_label(ctx.trace, [r])
     t0 = ctx.ix.start_ns
-    into = ctx.edges[ctx.edges["target"] == r]
+    into = ctx.edges.select(targets=[r])
     wanted = wanted_desc(ctx, into.iloc[0]) if len(into) else "its next op"
     ev: list[Evidence] = []
     last = Evidence(rank=r, note=f"last op: {row.last_op} ({row.last_op_status or 'n/a'})",

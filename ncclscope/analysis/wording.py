@@ -29,6 +29,7 @@ from .stacks import stack_for
 if TYPE_CHECKING:
     from ..trace import Trace
     from .index import TraceIndex
+    from .wait_edges import WaitEdges
 
 MAX_EVIDENCE = 40
 MIN_SAID_NS = 1_000_000           # a wait under 1 ms is no duration a person can act on: none is said
@@ -71,7 +72,7 @@ class WaitContext:
     """What every finding builder reads: the index, the rank states and the wait-for edges."""
 
     ix: TraceIndex
-    edges: pd.DataFrame
+    edges: WaitEdges        # expanded per question: `edges.select(waiters=..., targets=..., group=...)`
 
     @property
     def trace(self) -> Trace:
@@ -124,7 +125,7 @@ def waiting_summary(ctx: WaitContext, waiters: set[int], roots: Iterable[int]) -
     roots = set(roots)
     b = ctx.blocking[ctx.blocking["rank"].isin(waiters)]
     start = int(b["start_ns"].min()) if len(b) else -1
-    direct = ctx.edges[ctx.edges["target"].isin(roots) & ctx.edges["waiter"].isin(waiters)]
+    direct = ctx.edges.select(waiters=waiters, targets=roots)
     ops = []
     for row in direct.drop_duplicates(["op_name", "process_group", "seq", "via"]).itertuples(index=False):
         if row.via == S.KIND_COLLECTIVE:
@@ -154,7 +155,7 @@ def waiter_evidence(ctx: WaitContext, waiters: set[int], direct: list[int], root
     b = ctx.blocking[ctx.blocking["rank"].isin(waiters)]
     b = b.assign(direct=~b["rank"].isin(direct)).sort_values(["direct", "start_ns", "rank"])
     b = b.drop_duplicates("rank", keep="first").head(MAX_EVIDENCE)
-    mine = ctx.edges[ctx.edges["waiter"].isin(b["rank"]).to_numpy()]      # only the waiters shown
+    mine = ctx.edges.select(waiters=b["rank"].tolist())      # only the waiters shown
     targets = mine.groupby("waiter")["target"].agg(lambda s: sorted(set(int(x) for x in s)))
     ev = []
     for row in b.itertuples(index=False):

@@ -228,7 +228,8 @@ def _ints(values: list[Any] | tuple[Any, ...], default: int) -> np.ndarray:
     except (TypeError, ValueError, OverflowError):
         pass
     try:
-        return pd.array(list(values), dtype="Int64").fillna(default).to_numpy(np.int64)
+        with np.errstate(invalid="ignore"):     # inf / huge floats raise below and take the slow path
+            return pd.array(list(values), dtype="Int64").fillna(default).to_numpy(np.int64)
     except (TypeError, ValueError, OverflowError):
         return np.array([_int(v, default) for v in values], dtype=np.int64)
 

@@ -1,6 +1,7 @@
 """Opening a run in the TUI without freezing it: a thread worker loads in
 stages, each handed to the UI thread as soon as it is ready (run.json alone,
-then the loaded trace, then `ncclscope.analysis.run(trace)`), and with
+then the loaded trace, then a hang's verdict as soon as the hang diagnosis
+has it, then the whole `ncclscope.analysis.run(trace)`), and with
 --follow keeps polling for appended rows. A mixin of `NcclscopeApp`; the UI
 thread only ever receives presenter models (`model.py`).
 """
@@ -19,10 +20,11 @@ from .screens.overview import OverviewView
 EXIT_UNREADABLE = 2        # as `ncclscope analyze` on a directory it cannot read
 
 
-def analyse(trace: Any) -> Any:
-    """`ncclscope.analysis.run(trace)`: the one verdict composer (looked up at call time)."""
+def analyse(trace: Any, on_verdict: Any = None) -> Any:
+    """`ncclscope.analysis.run(trace)`: the one verdict composer (looked up at call time); `on_verdict`
+    gets a hang's verdict before the performance analyses run (compose.run)."""
     from .. import analysis
-    return analysis.run(trace)
+    return analysis.run(trace, on_verdict=on_verdict) if on_verdict is not None else analysis.run(trace)
 
 
 class LoadingMixin:
@@ -71,9 +73,10 @@ class LoadingMixin:
         if trace is None or worker.is_cancelled:
             return
         live = follower is not None and not follower.ended
-        self._ui(self.apply, M.build_run_model(trace, None, live=live, stage="loaded"), trace)
+        frame = M.rank_frame(trace)
+        self._ui(self.apply, M.build_run_model(trace, None, live=live, stage="loaded", frame=frame), trace)
         progress("analysing", 2, 3)
-        self._analyse(trace, live)
+        self._analyse(trace, live, frame)
         progress("", None, None)
         while follower is not None and not self._stop.wait(self.poll_s) and not worker.is_cancelled:
             try:
@@ -84,10 +87,18 @@ class LoadingMixin:
             except Exception as exc:  # keep following: the next poll may read a complete file
                 self._ui(self._set_progress, f"follow: {type(exc).__name__}: {str(exc)[:60]}", None, None)
 
-    def _analyse(self, trace: Any, live: bool) -> None:
+    def _analyse(self, trace: Any, live: bool, frame: Any = None) -> None:
         """Compose the verdict (`analysis.run`) and apply it; while a job is live, hold a premature hang."""
+        frame = M.rank_frame(trace) if frame is None else frame
+
+        def diagnosed(early: Any) -> None:
+            # a hang settles the verdict line: on screen now, the performance tabs when they are done
+            self._ui(self.apply, M.build_run_model(trace, early, live=False, stage="diagnosed", frame=frame),
+                     trace, early)
+            self._ui(self._set_progress, "analysing performance", 2.5, 3)
+
         try:
-            analysis = analyse(trace)
+            analysis = analyse(trace, None if live else diagnosed)
         except Exception as exc:  # the composer guards each analysis; this is a bug in it: say so
             self._ui(self._set_progress, f"analysis failed: {type(exc).__name__}: {exc}", None, None)
             return
@@ -96,7 +107,7 @@ class LoadingMixin:
             from .follow import hold_premature_hang
             analysis, note = hold_premature_hang(analysis, trace)
         self.live_note = note
-        model = M.build_run_model(trace, analysis, live=live, stage="ready")
+        model = M.build_run_model(trace, analysis, live=live, stage="ready", frame=frame)
         self._ui(self.apply, model, trace, analysis)
 
     def _ui(self, fn: Any, *args: Any) -> None:

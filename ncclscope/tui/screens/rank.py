@@ -70,7 +70,6 @@ def build_rank_detail(trace: Trace, rank: int, findings: list[Finding], states: 
                                 seq=seq, peer=int(row.peer), step=int(row.step),
                                 duration=M.fmt_seconds(dur[i]) + ("+" if inflight[i] else ""), status=st))
     info = trace.ranks.get(rank)
-    deg = M.degrees(trace.run, trace.ranks)
     coords = M.coord_label(rank, trace)
     state = states.get(rank, "unknown")
     how = info.state if info else "missing"
