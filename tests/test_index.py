@@ -90,6 +90,20 @@ def test_membership_votes_over_distinct_views_not_ranks_times_groups():
     assert got["dp3"].holders == 16384 and got["dp3"].members[:3] == (3, 11, 19) and got["dp3"].n_views == 1
 
 
+def test_one_view_gives_what_the_vote_over_equal_views_gives():
+    """The one-view shortcut (a healthy run) must equal the vote: the same plan written as two byte
+    strings is two views with one member list per group, so the vote runs and must agree."""
+    plan = [{"name": f"tp{t}", "kind": "tp", "ranks": [t * 2 + 1, t * 2], "creation_order": t} for t in range(4)]
+    plan.append({"name": "world", "kind": "world", "ranks": list(range(7, -1, -1)), "creation_order": 9})
+    one, two = GroupViews(), GroupViews()
+    for r in range(8):
+        one.add(r, json.dumps(plan).encode(), [], Path("."))
+        two.add(r, json.dumps(plan, indent=r % 2 or None).encode(), [], Path("."))
+    assert (len(one.views), len(two.views)) == (1, 2)
+    fast, voted = groups_from_views(one), groups_from_views(two)
+    assert fast == voted and fast["tp1"].members == (2, 3) and fast["world"].holders == 8
+
+
 # ---------------------------------------------------------------------------
 # Errors that say what is there
 # ---------------------------------------------------------------------------

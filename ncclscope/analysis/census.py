@@ -361,6 +361,41 @@ def _dead_at_site(ix, g: str, r: int, site: str) -> list[int]:
     return out
 
 
+def _last_two_passes(c: pd.DataFrame):
+    """Per (rank, group) of `c` (collective rows), in (rank, group) order: (rank, group, the calls of its
+    last pass, those of the pass before, whether the passes are virtual steps, the last step), each pass
+    as arrays in start order (call_site, op_name, collective_seq_id). A pass is a step; when one step
+    holds every call (a loop without step markers) the passes are its loop's repetitions (repetition.py),
+    and a (rank, group) whose calls never repeat is left out. One sort for all of them: 64 ranks x their
+    groups were 320 small frames."""
+    if not len(c):
+        return
+    rank, step, start = (c[k].to_numpy(np.int64) for k in ("rank", "step", "start_ns"))
+    group = c["process_group"].astype(str).to_numpy(dtype=object)
+    cols = {k: c[k].astype(str).to_numpy(dtype=object) for k in ("call_site", "op_name")}
+    cols["collective_seq_id"] = c["collective_seq_id"].to_numpy(np.int64)
+    gcode, gnames = pd.factorize(group, sort=True)
+    order = np.lexsort((start, gcode, rank))
+    rank, gcode, step = rank[order], gcode[order], step[order]
+    cols = {k: v[order] for k, v in cols.items()}
+    cut = np.flatnonzero(np.r_[True, (rank[1:] != rank[:-1]) | (gcode[1:] != gcode[:-1]), True])
+    for lo, hi in zip(cut[:-1], cut[1:]):
+        st = step[lo:hi]
+        s = int(st.max())
+        virtual = int(st.min()) == s and hi - lo > 1       # one step for everything: its loop's repetitions
+        if virtual:
+            rep = virtual_steps(cols["call_site"][lo:hi].tolist())
+            if rep is None:
+                continue
+            v = int(rep[0][rep[1]])
+            now_m, prev_m = rep[0] == v, rep[0] == v - 1
+        else:
+            now_m, prev_m = st == s, st == s - 1
+        now = {k: col[lo:hi][now_m] for k, col in cols.items()}
+        prev = {k: col[lo:hi][prev_m] for k, col in cols.items()}
+        yield int(rank[lo]), str(gnames[gcode[lo]]), now, prev, virtual, s
+
+
 def sequence_skips(ix, ranks: list[int]) -> pd.DataFrame:
     """Ranks whose call sites on a group in their last (unfinished) step depart from their own previous
     step by jumping ahead: where step s-1 went Y, X, the rank went X at the instance the others posted Y.
@@ -377,30 +412,15 @@ def sequence_skips(ix, ranks: list[int]) -> pd.DataFrame:
     c = coll[coll["rank"].isin(want).to_numpy()]          # a few ranks' rows first, then the row tests
     c = c[((c["step"] >= 0) & (c["call_site"] != "")).to_numpy()]
     rows = []
-    for (r, g), sub in c.groupby(["rank", "process_group"], sort=True):
-        r, g = int(r), str(g)
-        s = int(sub["step"].max())
-        virtual = sub["step"].min() == s and len(sub) > 1   # one step for everything: its loop's repetitions
-        if virtual:
-            sub = sub.sort_values("start_ns", kind="stable")
-            rep = virtual_steps([str(x) for x in sub["call_site"]])
-            if rep is None:
-                continue
-            sub = sub.assign(vstep=rep[0])
-            v = int(rep[0][rep[1]])
-            now, prev = sub[sub["vstep"] == v], sub[sub["vstep"] == v - 1]
-        else:
-            now = sub[sub["step"] == s].sort_values("start_ns")
-            prev = sub[sub["step"] == s - 1].sort_values("start_ns")
-        ref = [str(x) for x in prev["call_site"]]
-        got = [str(x) for x in now["call_site"]]
+    for r, g, now, prev, virtual, s in _last_two_passes(c):
+        ref, got = prev["call_site"].tolist(), now["call_site"].tolist()
         if not ref or not got:
             continue
         i = next((j for j, (a, b) in enumerate(zip(got, ref)) if a != b), -1)
         if i < 0 or got[i] not in ref[i + 1:]:
             continue
         y, x = ref[i], got[i]
-        op_row = now.iloc[i]
+        op_row = {key: col[i] for key, col in now.items()}
         k = int(op_row["collective_seq_id"])
         inst = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k) & (coll["rank"] != r)]
         seen_in = ""
@@ -412,7 +432,7 @@ def sequence_skips(ix, ranks: list[int]) -> pd.DataFrame:
             refs = sorted(int(q) for q in inst["rank"]) if (inst["call_site"] == y).all() else []
         if not refs:
             continue                        # the others were not at Y there: no evidence it paired off
-        yop = str(prev.iloc[i]["op_name"])
+        yop = str(prev["op_name"][i])
         rows.append({"rank": r, "process_group": g, "seq": k, "step": -1 if virtual else s, "call_site": y,
                      "op_name": yop,
                      "ref_ranks": refs, "basis": "sequence", "went_site": x,

@@ -53,6 +53,14 @@ def _vote(tally: dict[Any, list[int]]) -> Any:
 
 def groups_from_views(views: GroupViews) -> dict[str, GroupInfo]:
     """Group name -> GroupInfo, voting over the distinct views weighted by how many ranks hold each."""
+    held = [(view, holders) for view, holders in zip(views.views, views.holders) if holders]
+    if len(held) == 1 and len(set(map(str, held[0][0]["process_group"]))) == len(held[0][0]["process_group"]):
+        # one view, held by every rank that recorded one (a healthy run): nothing to vote on
+        view, holders = held[0]
+        n = len(holders)
+        return {str(name): GroupInfo(name=str(name), kind=str(kind), members=tuple(sorted(map(int, ranks))),
+                                     holders=n, n_views=1)
+                for name, kind, ranks in zip(view["process_group"], view["group_kind"], view["ranks"])}
     members: dict[str, dict[tuple[int, ...], list[int]]] = {}
     kinds: dict[str, dict[str, list[int]]] = {}
     for view, holders in zip(views.views, views.holders):

@@ -161,7 +161,10 @@ def _arcs(we: WaitEdges) -> dict[int, list[int]]:
         a = a.drop_duplicates(["src", "dst"])
         src, dst = a["src"].to_numpy(), a["dst"].to_numpy()
         cut = np.flatnonzero(np.r_[True, src[1:] != src[:-1]])
-        adj = {int(src[i]): dst[i:j].tolist() for i, j in zip(cut, np.r_[cut[1:], len(src)])}
+        if len(cut) == len(src):        # one successor each (a rank blocks in one op): no slicing
+            adj = {s: [d] for s, d in zip(src.tolist(), dst.tolist())}
+        else:
+            adj = {int(src[i]): dst[i:j].tolist() for i, j in zip(cut, np.r_[cut[1:], len(src)])}
     adj.update(inst_adj)
     return adj
 
