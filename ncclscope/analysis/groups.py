@@ -25,7 +25,7 @@ Membership, kinds and the missing participants come from the index
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import pandas as pd
@@ -198,22 +198,27 @@ def check_orthogonality(source: IndexLike) -> list[Finding]:
     return findings
 
 
-def _text(col: pd.Series) -> np.ndarray:
-    """`col.astype(str)` as an object array; a categorical through its categories (each distinct text
-    converted once: the collective rows of 16,384 ranks are millions, their call sites a handful)."""
+def _per_text(col: pd.Series, fn: Callable[[str], str] = str) -> np.ndarray:
+    """`fn` of each value's text (`astype(str)`: missing is "nan"), as an object array, computed once per
+    distinct text: a categorical through its categories, anything else through its unique values (the
+    collective rows of 16,384 ranks are millions, their call sites and groups a handful)."""
     if isinstance(col.dtype, pd.CategoricalDtype):
-        cats = np.array([str(c) for c in col.cat.categories] + ["nan"], dtype=object)
-        return cats[col.cat.codes.to_numpy()]          # code -1 (missing) -> "nan", as astype(str)
-    return col.astype(str).to_numpy(dtype=object)
+        cats = np.array([fn(str(c)) for c in col.cat.categories] + [fn("nan")], dtype=object)
+        return cats[col.cat.codes.to_numpy()]          # code -1 (missing) -> the last entry
+    texts = col.astype(str).to_numpy(dtype=object)
+    if fn is str:
+        return texts
+    uniq, inverse = np.unique(texts, return_inverse=True)
+    return np.array([fn(t) for t in uniq], dtype=object)[inverse.reshape(-1)]
 
 
 def _match_key(df: pd.DataFrame) -> pd.Series:
     """How two ranks' ops correspond: the call site, or the shapes when no call site was recorded."""
-    key = _text(df["call_site"])
+    key = _per_text(df["call_site"])
     empty = np.flatnonzero(key == "")
     if len(empty):
         key = key.copy()
-        key[empty] = ["sizes:" + t for t in _text(df["input_sizes"].iloc[empty])]
+        key[empty] = ["sizes:" + t for t in _per_text(df["input_sizes"].iloc[empty])]
     return pd.Series(key, index=df.index, dtype=object)
 
 
@@ -256,13 +261,8 @@ def find_wrong_group(source: IndexLike, max_findings: int = 16) -> list[Finding]
     # Legit when the ranks that entered (g, k) also called a group of h's kind there (each rank
     # all-reduces over its own tp group, or a loop over groups): b did the same, not a substitute.
     kinds = ix.kinds
-    def kind(s: pd.Series) -> pd.Series:      # few distinct names, many rows: each name once
-        if isinstance(s.dtype, pd.CategoricalDtype):
-            cats = np.array([kind_of(str(n), kinds) for n in s.cat.categories] + [kind_of("nan", kinds)],
-                            dtype=object)
-            return pd.Series(cats[s.cat.codes.to_numpy()], index=s.index, dtype=object)
-        names = s.astype(str)
-        return names.map({n: kind_of(n, kinds) for n in pd.unique(names)})
+    def kind(s: pd.Series) -> pd.Series:
+        return pd.Series(_per_text(s, lambda n: kind_of(n, kinds)), index=s.index, dtype=object)
     c = c.assign(wrong_kind=kind(c["wrong_group"]))
     users = inst[["process_group", "seq", "rank"]].rename(columns={"rank": "user"})
     used = coll[coll["rank"].isin(users["user"].unique()) & coll["step"].isin(c["step"].unique())]

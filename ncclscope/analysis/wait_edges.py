@@ -198,6 +198,12 @@ def _isin(values: pd.Series, allowed: Collection[int] | None) -> np.ndarray:
     return values.isin(list(allowed)).to_numpy()
 
 
+def _is(values: pd.Series, group: str | None) -> np.ndarray:
+    if group is None:
+        return np.ones(len(values), dtype=bool)
+    return (values.astype(str) == group).to_numpy()
+
+
 @dataclass
 class WaitEdges:
     """Every wait-for edge of the live blocked ranks, held per instance (see the module docstring)."""
@@ -212,12 +218,11 @@ class WaitEdges:
         as the rows of `frame` that pass the filter, in its order (EDGE_COLUMNS, index 0..n-1)."""
         b, m, p = self.waiters, self.absent, self.p2p
         if len(b):
-            b = b[_isin(b["waiter"], waiters) & (True if group is None else (b["process_group"] == group).to_numpy())]
+            b = b[_isin(b["waiter"], waiters) & _is(b["process_group"], group)]
         if len(m):
-            m = m[_isin(m["member"], targets) & (True if group is None else (m["process_group"] == group).to_numpy())]
+            m = m[_isin(m["member"], targets) & _is(m["process_group"], group)]
         if len(p):
-            p = p[_isin(p["waiter"], waiters) & _isin(p["target"], targets)
-                  & (True if group is None else (p["process_group"].astype(str) == group).to_numpy())]
+            p = p[_isin(p["waiter"], waiters) & _isin(p["target"], targets) & _is(p["process_group"], group)]
         return _sorted(_concat(([_expand(b, m)] if len(b) and len(m) else []) + [p]))
 
     @cached_property
@@ -235,7 +240,10 @@ def wait_edges(ix: "TraceIndex") -> WaitEdges:
     dead = st["dead"]
     b, m = absent_members(blocking, ix.coll, ix.member_table, dead, ix.max_seq)
     p = p2p_edges(blocking, ix.p2p, dead)
-    live = lambda w: ~w.map(dead).fillna(False).astype(bool).to_numpy()     # noqa: E731
+
+    def live(w: pd.Series) -> np.ndarray:
+        return ~w.map(dead).fillna(False).astype(bool).to_numpy()
+
     if len(b):
         b = b[live(b["waiter"])]
     if len(m):

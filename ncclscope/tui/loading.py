@@ -24,7 +24,7 @@ def analyse(trace: Any, on_verdict: Any = None) -> Any:
     """`ncclscope.analysis.run(trace)`: the one verdict composer (looked up at call time); `on_verdict`
     gets a hang's verdict before the performance analyses run (compose.run)."""
     from .. import analysis
-    return analysis.run(trace, on_verdict=on_verdict) if on_verdict is not None else analysis.run(trace)
+    return analysis.run(trace, on_verdict=on_verdict)
 
 
 class LoadingMixin:
