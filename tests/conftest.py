@@ -78,3 +78,10 @@ def zygote(tmp_path_factory):
         yield z
     finally:
         z.close()
+
+
+@pytest.fixture(scope="session")
+def pp_hung(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Hand-built, deterministic hung pipeline run (tests/tui_runs.py; the TUI snapshots use it)."""
+    from tui_runs import write_pp_hung
+    return write_pp_hung(tmp_path_factory.mktemp("tui") / "pp_hung")
