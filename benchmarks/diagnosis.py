@@ -17,7 +17,7 @@
     of 1,024 ranks and ~10 million event rows with benchmarks/synth.py
     (`generate(out_dir, ranks, events, hang=True, seed)`, ground truth in
     run.json["synthetic"]), then in a fresh subprocess times
-    `ncclscope.trace.load` and `analysis.diagnose.diagnose` separately and
+    `ncclscope.load.trace.load` and `analysis.diagnose.diagnose` separately and
     reports the child's peak RSS (ru_maxrss) and whether the verdict names the
     planted root. Targets: <= 30 s and <= 4 GB on 2 cores.
 
@@ -82,8 +82,8 @@ def part_a(work: Path) -> dict:
     t_verdict, verdict = shown[0]
 
     sys.path.insert(0, str(ROOT))
-    from ncclscope.analysis.diagnose import diagnose
-    from ncclscope.trace import load
+    from ncclscope.verdict.diagnose import diagnose
+    from ncclscope.load.trace import load
     trace = load(run_dir)
     d = diagnose(trace)
     head = d.headline
@@ -124,8 +124,8 @@ def _onset(trace, head) -> tuple[int | None, str]:
 CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter(); c0 = time.process_time()
-from ncclscope.trace import load
-from ncclscope.analysis.diagnose import diagnose
+from ncclscope.load.trace import load
+from ncclscope.verdict.diagnose import diagnose
 rss_imports = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 t1 = time.perf_counter(); c1 = time.process_time()
 trace = load(sys.argv[1])

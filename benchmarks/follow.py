@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from ncclscope import schema as S  # noqa: E402
+from ncclscope import schema as S
 
 VIEWS = ("coll", "p2p", "step_windows", "instances", "max_seq")
 
@@ -96,8 +96,8 @@ class Replay:
 
 def _build(follower, analyse: bool) -> tuple[object, object, float, float]:
     """(trace, analysis, seconds for poll+trace+views, seconds for analysis.run)."""
-    from ncclscope import analysis
-    from ncclscope.analysis.index import index_of
+    from ncclscope import verdict as analysis
+    from ncclscope.index.views import index_of
     t0 = time.perf_counter()
     follower.poll()
     trace = follower.trace()

@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def analyze(path: Path) -> tuple[int, dict]:
-    from ncclscope.cli import main
+    from ncclscope.cli.main import main
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
         rc = main(["analyze", str(path), "--json"])

@@ -39,7 +39,7 @@ row() {   # name status seconds nvml_samples note
 facts() {
     $PY - "$1" <<'PYEOF' 2>/dev/null || echo "0 0 0 unreadable"
 import sys
-from ncclscope.trace import load
+from ncclscope.load.trace import load
 t = load(sys.argv[1])
 s = t.samples
 nvml = int((s["source"] == "nvml").sum()) if len(s) else 0

@@ -245,8 +245,8 @@ def _cpu() -> float:
 def _child(kind: str, path: str) -> dict:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if kind == "ncclscope-fr":
-        from ncclscope.analysis.diagnose import diagnose
-        from ncclscope.ingest import load_any
+        from ncclscope.verdict.diagnose import diagnose
+        from ncclscope.load.foreign import load_any
         base = _rss_mib()
         t, c = time.perf_counter(), _cpu()
         d = diagnose(load_any(path))
@@ -284,7 +284,7 @@ def _child(kind: str, path: str) -> dict:
         return {"time_s": dt, "cpu_s": dc, "culprit": culprit, "error": err, "base_mib": base,
                 "log_lines": len(buf.getvalue().splitlines())}
     if kind == "ncclscope-prof":
-        from ncclscope.ingest.profiler import load_profiler
+        from ncclscope.load.foreign.profiler import load_profiler
         base = _rss_mib()
         t, c = time.perf_counter(), _cpu()
         tr = load_profiler(path)

@@ -37,9 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-o", "--out", default="")
     ns = ap.parse_args(argv)
 
-    from ncclscope.analysis import run as run_analysis
+    from ncclscope.verdict import run as run_analysis
     from ncclscope.report import write_report
-    from ncclscope.trace import load
+    from ncclscope.load.trace import load
 
     if ns.run:
         run = Path(ns.run)

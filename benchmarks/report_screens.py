@@ -103,7 +103,7 @@ def main() -> int:
             report = item
         else:
             from ncclscope.report import write_report
-            from ncclscope.trace import load
+            from ncclscope.load.trace import load
             report = out / f"{item.resolve().name}.html"
             write_report(load(item), report)
         ok &= shoot(report, out, widths)

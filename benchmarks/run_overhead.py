@@ -403,7 +403,8 @@ def _warm_parent(baseline: str) -> None:
     from torch.nn.parallel import DistributedDataParallel  # noqa: F401
 
     from ncclscope.runtime.telemetry import Sampler  # noqa: F401
-    from ncclscope.runtime.usertrace import bootstrap, tracer  # noqa: F401
+    from ncclscope.runtime.usertrace import bootstrap
+    from ncclscope.runtime.usertrace import tracer
     bootstrap.warm_imports()   # torch._dynamo, torch._inductor, pyarrow: as each traced rank does at start
     if baseline:
         _tracer_class("baseline", baseline)

@@ -9,8 +9,8 @@ For each size, benchmarks/synth.py writes a synthetic hung run directory
 (pp x dp x tp mesh, 1F1B, one rank skips a data-parallel all_reduce in the
 last step; groups.json in the runtime's per-rank format, so a 16,384-rank
 directory is a few GB, not 36) into a temporary directory; then a fresh
-process loads it (`ncclscope.ingest.load_any`, as `ncclscope analyze`) and
-runs the one analysis every face shows (`ncclscope.analysis.run`), and we
+process loads it (`ncclscope.load.foreign.load_any`, as `ncclscope analyze`) and
+runs the one analysis every face shows (`ncclscope.verdict.run`), and we
 measure its load time, analysis time, wall time and peak resident memory
 (`os.wait4` rusage of that one child; the child also reports its peak after
 loading). The wall time includes the interpreter start and imports (about
@@ -55,8 +55,8 @@ def child(run: str, out: str, profile: bool = False) -> int:
     rows say where the time and memory go."""
     import resource
     t0 = time.perf_counter()
-    from ncclscope.cli import _json_report, run_analyses
-    from ncclscope.ingest import load_any
+    from ncclscope.cli.main import _json_report, run_analyses
+    from ncclscope.load.foreign import load_any
     stages: list[tuple[str, float, float, float, float]] = []
     sampler = _Sampler() if profile else None
     t1, c1 = time.perf_counter(), time.process_time()
@@ -118,19 +118,19 @@ def _reset_hwm() -> bool:
 
 
 def _profile_stages(trace: object, sampler: _Sampler, stages: list) -> None:
-    from ncclscope.analysis.collectives import analyze_collectives
-    from ncclscope.analysis.groups import analyze_groups
-    from ncclscope.analysis.index import index_of
-    from ncclscope.analysis.p2p import analyze_p2p
-    from ncclscope.analysis.schedule_check import analyze_schedule
-    from ncclscope.analysis.waitfor import analyze_waits
+    from ncclscope.hang.collectives import analyze_collectives
+    from ncclscope.hang.group_checks import analyze_groups
+    from ncclscope.index.views import index_of
+    from ncclscope.hang.p2p import analyze_p2p
+    from ncclscope.hang.schedule_check import analyze_schedule
+    from ncclscope.hang.waitfor import analyze_waits
     ix = index_of(trace)
     steps = [(f"index.{v}", (lambda v=v: getattr(ix, v))) for v in
              ("coll", "instances", "max_seq", "groups", "missing", "p2p", "p2p_pairs", "end", "step_windows")]
     steps += [("analyze_collectives", lambda: analyze_collectives(ix)), ("analyze_p2p", lambda: analyze_p2p(ix)),
               ("analyze_groups", lambda: analyze_groups(ix)), ("analyze_waits", lambda: analyze_waits(ix)),
               ("analyze_schedule", lambda: analyze_schedule(ix))]
-    from ncclscope.analysis import performance as P
+    from ncclscope.perf import performance as P
     steps += [(f"perf.{n}", (lambda f=f: f(trace))) for n, f in
               (("bubbles", P.analyze_bubbles), ("stragglers", P.analyze_stragglers), ("comm", P.analyze_comm),
                ("divergence", P.analyze_divergence), ("utilization", P.analyze_utilization), ("moe", P.analyze_moe),

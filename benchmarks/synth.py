@@ -6,7 +6,7 @@ Why: the analyzer must stay fast and bounded at 1,024 ranks, and real runs
 that big do not fit on a laptop. This writes exactly what the runtime
 writes (rank-NNNNN/events.arrows, metrics.arrows, samples.arrows, rank.json, groups.json,
 run.json; groups named and ordered as runtime/mesh.py plans them; local
-clocks with per-rank offsets) so `ncclscope.trace.load` reads it unchanged.
+clocks with per-rank offsets) so `ncclscope.load.trace.load` reads it unchanged.
 groups.json is the runtime's format 2 (runtime/mesh.py `group_file`): each
 rank's own groups and its plan's fingerprint; rank 0's also holds the whole
 plan. So a 16,384-rank directory's metadata is a few KB per rank, not 2 MB.

@@ -1,6 +1,6 @@
 """`python -m ncclscope ...` is the same as the `ncclscope` console script."""
 import sys
 
-from .cli import main
+from ncclscope.cli.main import main
 
 sys.exit(main())

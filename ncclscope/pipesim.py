@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence, Union
 
-from .schedules import BACKWARD, FORWARD, Action, parse_action, stage_to_rank
+from ncclscope.schedules import BACKWARD, FORWARD, Action, parse_action, stage_to_rank
 
 __all__ = ["SimResult", "Blocked", "TimedAction", "simulate", "validate_actions"]
 

@@ -12,7 +12,7 @@ import sys
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .runtime.usertrace.bootstrap import main as _main
+    from ncclscope.runtime.usertrace.bootstrap import main as _main
     return _main(argv)
 
 

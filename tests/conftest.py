@@ -49,7 +49,7 @@ def cli_in_process(args: list[str], cwd: str | os.PathLike[str] | None = None) -
     import contextlib
     import io
 
-    from ncclscope.cli import main
+    from ncclscope.cli.main import main
     out, err, here = io.StringIO(), io.StringIO(), os.getcwd()
     try:
         if cwd is not None:

@@ -6,7 +6,7 @@ import json
 
 from trace_builder import TraceBuilder
 
-from ncclscope.analysis.diagnose import Diagnosis
+from ncclscope.verdict.diagnose import Diagnosis
 
 
 def headline(d: Diagnosis):

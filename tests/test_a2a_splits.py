@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from trace_builder import TraceBuilder
 
-from ncclscope.analysis.a2a import parse_splits
-from ncclscope.analysis.diagnose import diagnose
+from ncclscope.hang.a2a import parse_splits
+from ncclscope.verdict.diagnose import diagnose
 
 
 def _job(splits: dict[int, tuple[list[int], list[int]]], hang: bool = True):

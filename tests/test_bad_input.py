@@ -1,7 +1,7 @@
 """Hostile and broken inputs: one line and a documented exit code, never a traceback.
 
 Each class of bad input from issue 14 gets a case here. Every case runs
-`ncclscope.cli.main([...])` in-process and checks:
+`ncclscope.cli.main.main([...])` in-process and checks:
 - the exit code: 2 when nothing could be read (or an output path cannot be
   written), 0/1 when the input is partly readable and was analyzed;
 - stderr: for exit 2 exactly one line naming the problem; never "Traceback";
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from ncclscope import cli
-from ncclscope import safe_io
+from ncclscope.cli import main as cli
+from ncclscope.load import safe_io
 
 SAMPLES = ROOT / "sample_traces"
 pytestmark = pytest.mark.timeout(120)
@@ -295,7 +295,7 @@ def _load_reads_safely() -> bool:
     """Whether trace.load reads groups.json and stacks.txt through safe_io (then /dev/zero is safe to try)."""
     import inspect
 
-    from ncclscope import trace
+    from ncclscope.load import trace
     src = inspect.getsource(trace.load)
     return "read_bytes()" not in src and ".read_text(errors" not in src
 
@@ -448,7 +448,7 @@ def test_missing_path_and_special_path(tmp_path, capsys):
 
 
 def test_internal_error_is_exit_3_with_one_line(tmp_path, capsys, monkeypatch):
-    import ncclscope.analysis as A
+    import ncclscope.verdict as A
 
     def boom(trace):
         raise ZeroDivisionError("synthetic bug")

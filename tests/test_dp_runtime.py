@@ -11,7 +11,7 @@ import torch
 
 from ncclscope.runtime.config import RunConfig
 from ncclscope.runtime.reference import run_reference
-from ncclscope.trace import load
+from ncclscope.load.trace import load
 
 pytestmark = [pytest.mark.spawn, pytest.mark.timeout(180)]
 

@@ -13,7 +13,7 @@ Healthy runs of every layout must give no error-severity finding and an OK verdi
 Why a zygote: on 2 shared cores `import torch` plus torch._dynamo costs 5-11 s per
 process, more than a drill itself. One server process (this file run as a script
 with --zygote) imports and warms torch once, then forks a fresh process per job
-that runs `ncclscope.cli.main(["train", ...])` and `main(["analyze", RUN, "--json"])`:
+that runs `ncclscope.cli.main.main(["train", ...])` and `main(["analyze", RUN, "--json"])`:
 the user's exact command path, with fd 1 and 2 redirected to files, in its own
 session so a job that overruns its timeout is killed whole (launcher and ranks).
 """
@@ -75,7 +75,7 @@ def _zygote_job(req: dict[str, Any]) -> None:
             os.dup2(os.open(work / out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 1)
             os.dup2(os.open(work / err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 2)
 
-        from ncclscope.cli import main
+        from ncclscope.cli.main import main
         if "cli" in req:                     # one command as given (`Zygote.cli`)
             redirect("cli.out", "cli.err")
             rc = main(req["cli"])
@@ -106,9 +106,9 @@ def zygote_main() -> None:
     os.environ.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
     from ncclscope.runtime.train import warm_imports
     warm_imports()                       # torch, torch._dynamo, pyarrow+pandas, the corpus
-    import ncclscope.analysis.diagnose   # noqa: F401  (the analyzer's imports, once)
-    import ncclscope.analysis.performance  # noqa: F401
-    import ncclscope.analysis.summary  # noqa: F401
+    import ncclscope.verdict.diagnose   # noqa: F401  (the analyzer's imports, once)
+    import ncclscope.perf.performance  # noqa: F401
+    import ncclscope.index.summary  # noqa: F401
     proto = sys.stdout
     proto.write(json.dumps({"ready": True}) + "\n")
     proto.flush()
@@ -375,7 +375,7 @@ def test_skip_drill_marks_waiters_suspect_before_their_timeout(zygote: Zygote, d
     d, job = drill
     if d.name != "skip-dp":
         pytest.skip("only the skip drill with a long timeout")
-    from ncclscope.trace import load
+    from ncclscope.load.trace import load
     trace = load(job.run_dir)
     ev = trace.events
     suspect = ev[(ev["status"].astype(str) == "suspect") & (ev["phase"].astype(str) == "instant")]

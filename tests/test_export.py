@@ -24,8 +24,8 @@ import pytest
 
 from ncclscope import schema as S
 from ncclscope.export import DATASET_MARKER, INFLIGHT_NOTE, export_parquet, export_perfetto, load_parquet
-from ncclscope.ingest.detect import load_any
-from ncclscope.trace import TraceError, assemble
+from ncclscope.load.foreign.detect import load_any
+from ncclscope.load.trace import TraceError, assemble
 from trace_builder import NS, TraceBuilder
 
 pytestmark = pytest.mark.timeout(60)

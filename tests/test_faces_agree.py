@@ -1,5 +1,5 @@
 """One verdict on every face: `analyze --json`, the HTML report's headline and
-`ncclscope.analysis.run` say the same string for every sample trace (the TUI's
+`ncclscope.verdict.run` say the same string for every sample trace (the TUI's
 overview line is checked against the same composer in tests/test_tui.py).
 
 Before the one composer, the report and the TUI composed their own verdict and
@@ -15,9 +15,9 @@ import re
 import pytest
 
 from conftest import ROOT
-from ncclscope.analysis import run
-from ncclscope.cli import main
-from ncclscope.trace import load
+from ncclscope.verdict import run
+from ncclscope.cli.main import main
+from ncclscope.load.trace import load
 
 SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if (p / "run.json").is_file())
 

@@ -25,9 +25,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ncclscope import analysis
+from ncclscope import verdict as analysis
 from ncclscope import schema as S
-from ncclscope.analysis.index import index_of
+from ncclscope.index.views import index_of
 from ncclscope.tui.follow import Follower
 from ncclscope.tui.follow_index import MERGED
 

@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from ncclscope import safe_io
-from ncclscope.ingest.errors import TraceError
-from ncclscope.ingest.fr_entries import Entries, _holds_set, _size_texts, _Table, fields
-from ncclscope.ingest.fr_read import DumpBuffer, _size_text, read_dump
-from ncclscope.ingest.safe_pickle import UnsafePickleError, safe_loads
+from ncclscope.load import safe_io
+from ncclscope.load.foreign.errors import TraceError
+from ncclscope.load.foreign.fr_entries import Entries, _holds_set, _size_texts, _Table, fields
+from ncclscope.load.foreign.fr_read import DumpBuffer, _size_text, read_dump
+from ncclscope.load.foreign.safe_pickle import UnsafePickleError, safe_loads
 
 DATA = {"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
         "entries": [{"record_id": i, "profiling_name": "nccl:all_reduce", "input_sizes": [[1024, 4096]],

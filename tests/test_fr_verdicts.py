@@ -22,11 +22,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 torch = pytest.importorskip("torch")
 from fr_jobs import OP_TIMEOUT_S, make_dumps, reorder_groups  # noqa: E402
 
-from ncclscope.analysis import run  # noqa: E402
-from ncclscope.analysis.group_order import creation_order_findings  # noqa: E402
-from ncclscope.analysis.index import index_of  # noqa: E402
+from ncclscope.verdict import run  # noqa: E402
+from ncclscope.hang.group_order import creation_order_findings  # noqa: E402
+from ncclscope.index.views import index_of  # noqa: E402
 from ncclscope.findings import Role  # noqa: E402
-from ncclscope.ingest import load_any  # noqa: E402
+from ncclscope.load.foreign import load_any  # noqa: E402
 
 WORLD = 4
 
@@ -134,7 +134,7 @@ def test_stopped_needs_evidence_of_more_to_do(dumps, tmp_path):
 
 
 def test_a_rank_with_no_dump_is_put_back_into_its_mesh_groups():
-    from ncclscope.ingest.fr_fixups import _complete_groups
+    from ncclscope.load.foreign.fr_fixups import _complete_groups
     # rank 3 left no dump: its tp group {2,3} and dp group {1,3} were rebuilt as {2} and {1}
     got = _complete_groups({"1": {0, 1}, "2": {2}, "3": {0, 2}, "4": {1}}, present={0, 1, 2})
     assert got == {"2": (2, 3), "4": (1, 3)}

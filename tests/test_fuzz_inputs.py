@@ -2,7 +2,7 @@
 
 Hypothesis mutates copies of `sample_traces/*` run directories (truncation,
 byte flips, missing and duplicated ranks, wrong JSON types, hostile strings),
-Flight Recorder dumps and profiler JSON, and runs `ncclscope.cli.main`
+Flight Recorder dumps and profiler JSON, and runs `ncclscope.cli.main.main`
 in-process. For every example:
 - the exit code is 0, 1 or 2: never 3 (an internal error) and never a traceback;
 - a reader never fails without wording it ("unreadable input (TypeError ..." would mean a bug);
@@ -25,7 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import ROOT
-from ncclscope import cli, safe_io
+from ncclscope.cli import main as cli
+from ncclscope.load import safe_io
 
 SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if (p / "run.json").exists())
 _EXAMPLES = int(os.environ.get("NCCLSCOPE_FUZZ_EXAMPLES", "12"))     # raise it for a longer hunt

@@ -19,14 +19,14 @@ import pytest
 from hang_checks import alive, headline, kinds
 from trace_builder import NS, TraceBuilder
 
-from ncclscope.analysis.diagnose import OK_VERDICT, diagnose
-from ncclscope.analysis.groups import analyze_groups
-from ncclscope.analysis.index import index_of
-from ncclscope.analysis.labels import fmt_ranks, group_label, majority_vote
-from ncclscope.analysis.p2p import analyze_p2p
-from ncclscope.analysis.stacks import stack_excerpt
-from ncclscope.analysis.waitfor import analyze_waits
-from ncclscope.analysis.waitgraph import strongly_connected
+from ncclscope.verdict.diagnose import OK_VERDICT, diagnose
+from ncclscope.hang.group_checks import analyze_groups
+from ncclscope.index.views import index_of
+from ncclscope.index.labels import fmt_ranks, group_label, majority_vote
+from ncclscope.hang.p2p import analyze_p2p
+from ncclscope.index.stack_excerpts import stack_excerpt
+from ncclscope.hang.waitfor import analyze_waits
+from ncclscope.index.waitgraph import strongly_connected
 
 pytestmark = pytest.mark.timeout(120)
 

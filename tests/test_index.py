@@ -18,12 +18,12 @@ import pytest
 from trace_builder import NS, TraceBuilder, events_table
 
 from ncclscope import schema as S
-from ncclscope.analysis import index as index_module
-from ncclscope.analysis import run
-from ncclscope.analysis.diagnose import diagnose
-from ncclscope.analysis.index import GroupInfo, IndexLookupError, RankState, TraceIndex, index_of
-from ncclscope.analysis.membership import groups_from_views
-from ncclscope.trace import GroupViews, RankInfo, assemble
+from ncclscope.index import views as index_module
+from ncclscope.verdict import run
+from ncclscope.verdict.diagnose import diagnose
+from ncclscope.index.views import GroupInfo, IndexLookupError, RankState, TraceIndex, index_of
+from ncclscope.index.membership import groups_from_views
+from ncclscope.load.trace import GroupViews, RankInfo, assemble
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -292,7 +292,7 @@ def test_a_4096_rank_hang_is_diagnosed_in_budget_and_names_the_skipper():
 def test_collective_wait_edges_are_the_merge_of_waiters_and_absent_members_without_it():
     # wait_edges._expand must give exactly the rows (and order) of b.merge(m, on=(group, seq)), minus self-edges,
     # "not begun" first; strings as categoricals (a 16,384-rank world barrier is 4.1 M edges)
-    from ncclscope.analysis.wait_edges import EDGE_COLUMNS, _expand
+    from ncclscope.index.wait_edges import EDGE_COLUMNS, _expand
     rng = np.random.default_rng(3)
     b = pd.DataFrame({"waiter": rng.integers(0, 40, 60), "process_group": rng.choice(["dp0", "tp1", "world"], 60),
                       "seq": rng.integers(1, 4, 60), "op_name": rng.choice(["all_reduce", "barrier"], 60),
@@ -316,8 +316,8 @@ def test_collective_wait_edges_are_the_merge_of_waiters_and_absent_members_witho
 # Memory: categorical collective columns, per-op views released after the hang questions
 # ---------------------------------------------------------------------------
 def test_collective_columns_as_sorted_categoricals_act_as_the_plain_strings():
-    from ncclscope.analysis.instances import CAT_COLUMNS, STR_COLUMNS
-    from ncclscope.analysis.labels import plain_str
+    from ncclscope.index.instances import CAT_COLUMNS, STR_COLUMNS
+    from ncclscope.index.labels import plain_str
     b = small()
     b.collective(0, "dp0", 2, start=3.0, step=1, call_site="z.py:9")
     b.collective(1, "dp0", 2, start=3.0, step=1, call_site="a.py:1")
@@ -374,7 +374,7 @@ def _crossed_trace(desc: bool):
 
 @pytest.mark.parametrize("desc", [False, True])
 def test_creation_order_on_first_rows_is_the_copy_and_drop_duplicates(monkeypatch, desc):
-    from ncclscope.analysis import group_order as GO
+    from ncclscope.hang import group_order as GO
     trace = _crossed_trace(desc)
     coll = index_of(trace).coll
     assert GO._first_rows(coll, np.ones(len(coll), dtype=bool)) is not None

@@ -30,12 +30,12 @@ import pyarrow.ipc
 import pytest
 
 from ncclscope import schema as S
-from ncclscope.ingest import GroupNamer, group_kind, normalize_dtype, normalize_op, parse_ranks
-from ncclscope.ingest.detect import detect, load_any
-from ncclscope.ingest.flight_recorder import load_flight_recorder, rank_from_name
-from ncclscope.ingest.profiler import _kernel_info, load_profiler
-from ncclscope.ingest.safe_pickle import UnsafePickleError, safe_load, safe_loads
-from ncclscope.trace import TraceError
+from ncclscope.load.foreign import GroupNamer, group_kind, normalize_dtype, normalize_op, parse_ranks
+from ncclscope.load.foreign.detect import detect, load_any
+from ncclscope.load.foreign.flight_recorder import load_flight_recorder, rank_from_name
+from ncclscope.load.foreign.profiler import _kernel_info, load_profiler
+from ncclscope.load.foreign.safe_pickle import UnsafePickleError, safe_load, safe_loads
+from ncclscope.load.trace import TraceError
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -131,7 +131,7 @@ def gloo_job(tmp_path_factory) -> Path:
 
 
 def _diagnose(trace):
-    from ncclscope.analysis.diagnose import diagnose
+    from ncclscope.verdict.diagnose import diagnose
     return diagnose(trace)
 
 
@@ -499,8 +499,8 @@ def test_fr_column_reader_fast_path_matches_the_per_entry_path(tmp_path):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     from ingest import make_fr_dumps
 
-    from ncclscope.ingest.fr_entries import Entries
-    from ncclscope.ingest.fr_read import read_dump
+    from ncclscope.load.foreign.fr_entries import Entries
+    from ncclscope.load.foreign.fr_read import read_dump
     dirs = [_nccl_dumps(tmp_path / "nccl"), tmp_path / "bench"]
     make_fr_dumps(dirs[1], 8, 120, 5, skip="all_reduce")
     odd = [dict(e) for e in pickle.loads((dirs[0] / "nccl_trace_rank_1").read_bytes())["entries"]]
@@ -562,8 +562,8 @@ def test_shared_vocabulary():
 # Profiler traces
 # --------------------------------------------------------------------------
 def test_profiler_gloo_traces_give_communication_tables(gloo_job, tmp_path):
-    from ncclscope.analysis.comm_stats import analyze_comm
-    from ncclscope.analysis.stragglers import analyze_stragglers
+    from ncclscope.perf.comm_stats import analyze_comm
+    from ncclscope.perf.stragglers import analyze_stragglers
     trace = load_any(gloo_job / "profiler")          # worker<r>.<ts>.pt.trace.json.gz: rank from distributedInfo
     assert trace.run["source"] == "torch_profiler" and trace.present_ranks == [0, 1, 2]
     ops = trace.ops
@@ -584,7 +584,7 @@ def test_profiler_gloo_traces_give_communication_tables(gloo_job, tmp_path):
     strag = analyze_stragglers(trace)
     assert len(strag.instances) == 4
     # the whole performance pass and the HTML report run on it
-    from ncclscope.analysis.performance import analyze_performance
+    from ncclscope.perf.performance import analyze_performance
     from ncclscope.report.html import write_report
     perf = analyze_performance(trace)
     assert not perf.errors, perf.errors
@@ -723,7 +723,7 @@ def _pp_trace(rank: int, steps: int = 3, m: int = 4) -> dict:
 
 
 def test_profiler_pipeline_annotations_feed_bubble_analysis(tmp_path):
-    from ncclscope.analysis.bubbles import analyze_bubbles
+    from ncclscope.perf.bubbles import analyze_bubbles
     for r in (0, 1):
         (tmp_path / f"rank{r}.json").write_text(json.dumps(_pp_trace(r)))
     trace = load_profiler(tmp_path)
@@ -741,10 +741,10 @@ def test_the_loader_and_its_flight_recorder_merge_import_one_way():
     # (a lazy trace -> fr_merge -> ingest -> trace cycle was here); TraceError is one class wherever it is imported
     import subprocess
     import sys
-    code = ("import sys, ncclscope.usertrace.fr_merge\n"
-            "bad = sorted(m for m in sys.modules if m in ('ncclscope.trace', 'ncclscope.ingest.detect',"
-            " 'ncclscope.ingest.flight_recorder'))\n"
+    code = ("import sys, ncclscope.load.fr_merge\n"
+            "bad = sorted(m for m in sys.modules if m in ('ncclscope.load.trace', 'ncclscope.load.foreign.detect',"
+            " 'ncclscope.load.foreign.flight_recorder'))\n"
             "assert not bad, bad\n"
-            "import ncclscope.trace as t, ncclscope.ingest.errors as e, ncclscope.ingest.safe_pickle as p\n"
+            "import ncclscope.load.trace as t, ncclscope.load.foreign.errors as e, ncclscope.load.foreign.safe_pickle as p\n"
             "assert t.TraceError is e.TraceError and issubclass(p.UnsafePickleError, t.TraceError)\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).resolve().parent.parent)

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from trace_builder import TraceBuilder
 
-from ncclscope.analysis import run
-from ncclscope.analysis.index import index_of
-from ncclscope.analysis.late_arrival import find_late_arrivals
+from ncclscope.verdict import run
+from ncclscope.index.views import index_of
+from ncclscope.hang.late_arrival import find_late_arrivals
 
 TIMEOUT = "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation"
 

@@ -19,12 +19,12 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from ncclscope import columns as C
-from ncclscope import opsjoin as J
-from ncclscope import safe_io
+from ncclscope.load import columns as C
+from ncclscope.load import opsjoin as J
+from ncclscope.load import safe_io
 from ncclscope import schema as S
-from ncclscope import trace as T
-from ncclscope.streams import read_stream, read_stream_lazy
+from ncclscope.load import trace as T
+from ncclscope.load.ipc_read import read_stream, read_stream_lazy
 
 
 def _events(rank: int, n: int, seed: int = 0) -> pa.Table:
@@ -279,7 +279,7 @@ def test_missing_only() -> None:
 def test_direct_join_is_the_sorted_join(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """Dense op ids (the direct slot table) and every case it must hand back (duplicate or unsorted
     end rows, sparse or huge ids): the same ops as the sorted-key join."""
-    from ncclscope import opsjoin
+    from ncclscope.load import opsjoin
     rng = np.random.default_rng(seed)
     rows = []
     for r in range(int(rng.integers(1, 5))):

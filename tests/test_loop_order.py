@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from ncclscope.analysis import run
-from ncclscope.analysis.loop_order import departure, keeps_loop
-from ncclscope.analysis.index import as_index
+from ncclscope.verdict import run
+from ncclscope.hang.loop_order import departure, keeps_loop
+from ncclscope.index.views import as_index
 from trace_builder import TraceBuilder
 
 GROUPS = {"world": [0, 1, 2, 3], "tp0": [0, 1], "tp1": [2, 3], "dp0": [0, 2], "dp1": [1, 3]}

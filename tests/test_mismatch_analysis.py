@@ -8,8 +8,8 @@ import pytest
 from hang_checks import alive, headline
 from trace_builder import TraceBuilder
 
-from ncclscope.analysis.collectives import analyze_collectives
-from ncclscope.analysis.diagnose import diagnose
+from ncclscope.hang.collectives import analyze_collectives
+from ncclscope.verdict.diagnose import diagnose
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -231,8 +231,8 @@ def test_a_skip_in_an_earlier_step_is_named_by_majority_in_a_larger_group():
 def test_ranks_still_inside_their_last_step_are_not_a_sequence_shift():
     # Rank 0 is blocked earlier in step 3 than rank 1: different counts in an unfinished step are
     # progress, not a skip. Nobody skipped: the census finds nothing.
-    from ncclscope.analysis.census import step_census_deviations
-    from ncclscope.analysis.instances import collective_ops
+    from ncclscope.hang.census import step_census_deviations
+    from ncclscope.index.instances import collective_ops
     b = TraceBuilder(2, groups={"dp0": [0, 1]})
     for r in (0, 1):
         for s in range(3):

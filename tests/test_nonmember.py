@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ncclscope import schema as S
-from ncclscope.analysis import run
+from ncclscope.verdict import run
 from trace_builder import TraceBuilder
 
 GROUPS = {"world": [0, 1, 2, 3], "g1": [0, 2], "g2": [1, 3]}

@@ -2,7 +2,7 @@
 (analysis/p2p_sizes.py), with the receiver's gloo abort as its consequence."""
 from __future__ import annotations
 
-from ncclscope.analysis import run
+from ncclscope.verdict import run
 from trace_builder import TraceBuilder
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from trace_builder import TraceBuilder
 
-from ncclscope.analysis.diagnose import diagnose
+from ncclscope.verdict.diagnose import diagnose
 
 
 def _pair(recv_tags: list[int], send_tags: list[int]):

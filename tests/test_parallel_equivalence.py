@@ -27,9 +27,9 @@ import torch
 
 from ncclscope.runtime.config import RunConfig
 from ncclscope.runtime.launch import launch
-from ncclscope.runtime.pipeline.schedules import build_schedule
+from ncclscope.schedules import build_schedule
 from ncclscope.runtime.reference import ReferenceResult, run_reference
-from ncclscope.trace import load
+from ncclscope.load.trace import load
 
 pytestmark = [pytest.mark.spawn, pytest.mark.timeout(60)]
 

@@ -19,7 +19,7 @@ from ncclscope.runtime.parallel.expert import MoE, capacity, route
 from ncclscope.runtime.parallel.tensor import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
                                                contiguous_part, head_rows, vocab_parallel_cross_entropy)
 from ncclscope.runtime.pipeline.executor import PipelineExecutor
-from ncclscope.runtime.pipeline.schedules import build_schedule
+from ncclscope.schedules import build_schedule
 from ncclscope.runtime.null_recorder import NullRecorder
 from ncclscope.runtime.reference import make_model, run_reference
 

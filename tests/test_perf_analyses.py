@@ -21,15 +21,15 @@ from conftest import ROOT, run_cli
 from trace_builder import TraceBuilder
 
 from ncclscope import schema as S
-from ncclscope.analysis.bubbles import analyze_bubbles, theoretical_bubble, union_length
-from ncclscope.analysis.comm_stats import analyze_comm, p2p_matrix
-from ncclscope.analysis.divergence import analyze_divergence
-from ncclscope.analysis.memory import analyze_memory, gpt_params, model_state_bytes
-from ncclscope.analysis.moe import analyze_moe
-from ncclscope.analysis.performance import analyze_performance
-from ncclscope.analysis.stragglers import analyze_stragglers
-from ncclscope.analysis.utilization import analyze_utilization
-from ncclscope.trace import RankInfo, Trace, assemble, load
+from ncclscope.perf.bubbles import analyze_bubbles, theoretical_bubble, union_length
+from ncclscope.perf.comm_stats import analyze_comm, p2p_matrix
+from ncclscope.perf.divergence import analyze_divergence
+from ncclscope.perf.memory import analyze_memory, gpt_params, model_state_bytes
+from ncclscope.perf.moe import analyze_moe
+from ncclscope.perf.performance import analyze_performance
+from ncclscope.perf.stragglers import analyze_stragglers
+from ncclscope.perf.utilization import analyze_utilization
+from ncclscope.load.trace import RankInfo, Trace, assemble, load
 
 pytestmark = pytest.mark.timeout(60)
 NS = 1_000_000_000
@@ -90,7 +90,7 @@ def test_theory_formulas_match_the_runtime_schedules() -> None:
     assert theoretical_bubble("1f1b", 4, 8) == approx(3 / 11)
     assert theoretical_bubble("gpipe", 2, 2) == approx(1 / 3)
     assert theoretical_bubble("interleaved", 4, 8, 2) == approx(3 / 19)
-    from ncclscope.runtime.pipeline.schedules import theoretical_bubble as rt
+    from ncclscope.schedules import theoretical_bubble as rt
     assert theoretical_bubble("interleaved", 4, 8, 2) == rt("interleaved", 4, 8, 2)
 
 
@@ -339,7 +339,7 @@ def test_the_rank_whose_reduced_gradient_is_its_own_breaks_a_two_replica_tie(kep
 def test_reduced_equal_to_local_on_every_rank_is_no_evidence() -> None:
     coords = {r: {"tp": r % 2, "pp": 0, "dp": r // 2, "ep": 0} for r in range(4)}
     rows = _tp2dp2_kept(0, healthy_reduce_keeps=True)
-    from ncclscope.analysis.divergence_ties import _kept_own_gradient
+    from ncclscope.perf.divergence_ties import _kept_own_gradient
     m = pd.DataFrame(rows)
     assert _kept_own_gradient(m, 1, [0, 1, 2, 3]) is None
     assert _kept_own_gradient(pd.DataFrame(_tp2dp2_kept(0)), 1, [0, 1, 2, 3]) == 0

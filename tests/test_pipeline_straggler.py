@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from trace_builder import TraceBuilder
 
-from ncclscope.analysis import run
-from ncclscope.analysis.pipeline_straggler import analyze_pipeline_stragglers
+from ncclscope.verdict import run
+from ncclscope.perf.pipeline_straggler import analyze_pipeline_stragglers
 
 
 def _pipeline(extra: dict[int, float], steps: int = 4, labels: bool = True, optimizer: float = 0.002) -> TraceBuilder:

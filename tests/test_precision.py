@@ -25,12 +25,12 @@ from trace_builder import TraceBuilder
 from test_perf_analyses import metrics_trace, pipeline
 
 from ncclscope import schema as S
-from ncclscope.analysis import run as analyse
-from ncclscope.analysis.bubbles import analyze_bubbles
-from ncclscope.analysis.comm_stats import analyze_comm
-from ncclscope.analysis.divergence import analyze_divergence
-from ncclscope.analysis.stragglers import ALPHA, MIN_Z, analyze_stragglers, binom_tail
-from ncclscope.trace import Trace, load
+from ncclscope.verdict import run as analyse
+from ncclscope.perf.bubbles import analyze_bubbles
+from ncclscope.perf.comm_stats import analyze_comm
+from ncclscope.perf.divergence import analyze_divergence
+from ncclscope.perf.stragglers import ALPHA, MIN_Z, analyze_stragglers, binom_tail
+from ncclscope.load.trace import Trace, load
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -7,7 +7,7 @@ Heartbeats to the end are not work: a rank that ended of itself finished its scr
 """
 from __future__ import annotations
 
-from ncclscope.analysis import run
+from ncclscope.verdict import run
 from trace_builder import TraceBuilder
 
 

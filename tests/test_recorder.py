@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ncclscope import schema as S
-from ncclscope.trace import load, read_stream
+from ncclscope.load.trace import load, read_stream
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -139,7 +139,7 @@ def _raise_in_helper() -> None:
 def test_an_exception_leaves_its_stack_and_the_call_sites_their_functions(tmp_path: Path) -> None:
     """What the analyzer's went-past-a-collective rule reads: the frames the exception unwound, with
     each function's def line, in a dump main_thread_dumps parses; rank.json's call_sites."""
-    from ncclscope.analysis.stacks import main_thread_dumps
+    from ncclscope.index.stack_excerpts import main_thread_dumps
     from ncclscope.runtime.recorder import Recorder
     rec = Recorder(tmp_path, 0, 1)
     try:
@@ -229,7 +229,7 @@ _STR_VALUES = st.one_of(st.sampled_from(["", "ok", "all_reduce", "dp0", "a\x00b"
 def test_batch_columns_convert_exactly_like_pa_array(data) -> None:
     """The flusher's fast conversions (numpy for numbers, one repeated value for
     a constant column) give the array pa.array gives, or fail where it fails."""
-    from ncclscope.runtime.streams import _column_converter
+    from ncclscope.runtime.ipc_write import _column_converter
     typ = data.draw(st.sampled_from([pa.int32(), pa.int64(), pa.string(), pa.float64()]))
     values = {pa.string(): _STR_VALUES,
               pa.float64(): st.one_of(st.floats(allow_nan=True), st.integers(-2**53, 2**53), st.none())}.get(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ncclscope.analysis import run
-from ncclscope.analysis.repetition import virtual_steps
+from ncclscope.verdict import run
+from ncclscope.index.repetition import virtual_steps
 from trace_builder import TraceBuilder
 
 

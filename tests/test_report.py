@@ -23,7 +23,7 @@ from conftest import run_cli
 from trace_builder import TraceBuilder
 
 from ncclscope.report import write_report
-from ncclscope.trace import load
+from ncclscope.load.trace import load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))   # synth.py
 

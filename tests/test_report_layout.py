@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ncclscope.analysis import run
+from ncclscope.verdict import run
 from ncclscope.report import figures as F
 from ncclscope.report import write_report
-from ncclscope.trace import load
+from ncclscope.load.trace import load
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_report import browse, needs_browser, sections_rendered  # noqa: E402
@@ -80,7 +80,7 @@ def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def test_a_section_that_fails_is_in_the_report_and_on_stderr(tmp_path: Path, monkeypatch, capsys) -> None:
     """Every sample's headline and drawn sections: tests/test_faces_agree.py. Here: a section that
     raises is named in the page's notes and on stderr, and the rest is still written."""
-    from ncclscope.cli import main
+    from ncclscope.cli.main import main
     from ncclscope.report import html as H
     def boom(*a, **k):
         raise ValueError("drawing <failed>")

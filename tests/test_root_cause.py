@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from ncclscope.analysis.diagnose import diagnose
-from ncclscope.analysis.schedule_check import (Token, analyze_schedule, expected_tokens, find_schedule_deviations,
+from ncclscope.verdict.diagnose import diagnose
+from ncclscope.hang.schedule_check import (Token, analyze_schedule, expected_tokens, find_schedule_deviations,
                                                first_mismatch)
 from ncclscope.schedules import build_schedule
 from tests.trace_builder import TraceBuilder
@@ -462,9 +462,9 @@ def test_a_wrong_group_headlines_over_the_death_of_a_member_of_that_group() -> N
 
 
 def test_a_death_long_before_the_wrong_call_is_not_its_consequence() -> None:
-    from ncclscope.analysis.diagnose import explains
-    from ncclscope.analysis.groups import analyze_groups
-    from ncclscope.analysis.index import index_of
+    from ncclscope.verdict.diagnose import explains
+    from ncclscope.hang.group_checks import analyze_groups
+    from ncclscope.index.views import index_of
 
     # the same record, but rank 2's last sign of life is 2 s before the wrong call: it did not die of it
     b = TraceBuilder(4, groups={"dp0": [0, 2], "dp1": [1, 3], "tp1": [2, 3]})

@@ -133,7 +133,7 @@ def test_two_gloo_ranks_record_the_offset_through_the_store_without_any_op_on_th
     assert abs(m1["clock_offset_ns"] + SKEW_NS) <= m1["clock_uncertainty_ns"] + 5_000_000
     # no op of ours on the job's group: its counter saw the script's one all_reduce only
     assert [m["seq_after"] for m in metas] == [1, 1]
-    from ncclscope.trace import load
+    from ncclscope.load.trace import load
     t = load(tmp_path)
     assert t.ranks[1].clock_offset_ns == m1["clock_offset_ns"]
 

@@ -86,7 +86,7 @@ def line_of(path: str, marker: str) -> int:
 
 
 def ops(run_dir: Path):
-    from ncclscope.trace import load
+    from ncclscope.load.trace import load
     return load(run_dir).ops
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from ncclscope import schema as S
 from ncclscope.runtime.usertrace import bootstrap as B
-from ncclscope.usertrace import fr_merge
+from ncclscope.load import fr_merge
 
 
 # ---- arguments ------------------------------------------------------------------------
@@ -31,7 +31,7 @@ def test_bootstrap_options_stop_at_the_script_whose_args_pass_through_unparsed()
 
 
 def test_cli_run_passes_the_script_args_through():
-    from ncclscope.cli import build_parser
+    from ncclscope.cli.main import build_parser
     ns = build_parser().parse_args(["run", "--nproc", "2", "--", "examples/ddp.py", "--steps", "3", "--nproc", "9"])
     assert ns.nproc == 2 and ns.command == "run" and ns.script_argv == ["--", "examples/ddp.py", "--steps", "3", "--nproc", "9"]
 
@@ -80,7 +80,7 @@ def test_flight_recorder_only_ops_become_rows_without_duplicating_traced_ones(tm
                _fr_entry(3, "all_reduce", base + 30), _fr_entry(4, "all_reduce", base + 2 * 10**12)]
     (tmp_path / "rank-00000" / fr_merge.FR_FILE).write_bytes(pickle.dumps(
         {"version": "2.10", "pg_config": {}, "pg_status": {}, "entries": entries}))
-    from ncclscope.trace import load
+    from ncclscope.load.trace import load
     t = load(tmp_path)
     coll = t.ops[t.ops["kind"] == S.KIND_COLLECTIVE].sort_values("collective_seq_id")
     assert list(coll["collective_seq_id"]) == [1, 2, 3, 4]
@@ -132,7 +132,7 @@ def test_tracer_rows_groups_and_errors_on_one_rank(tmp_path):
         tracer.close()
         rec.close()
     assert dist.all_reduce is orig   # uninstalled: torch.distributed is as it was
-    from ncclscope.trace import load
+    from ncclscope.load.trace import load
     ops = load(tmp_path).ops
     ops = ops[ops["op_id"] < fr_merge.OP_ID_BASE]
     assert list(ops["op_name"]) == ["all_reduce", "all_reduce", "all_reduce", "all_gather_object", "all_reduce"]
@@ -188,7 +188,7 @@ def test_gpu_end_waits_for_the_event_and_a_never_completing_op_stays_open(tmp_pa
     events[0].done = True
     assert gpu.poll() == 1
     rec.close()
-    from ncclscope.trace import load
+    from ncclscope.load.trace import load
     t = load(tmp_path).ops
     t = t[t["op_id"] < fr_merge.OP_ID_BASE].set_index("op_id")
     assert list(t.loc[ops, "status"]) == ["ok", "ok", "inflight"]   # op 3 never completed: an open begin row

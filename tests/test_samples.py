@@ -2,7 +2,7 @@
 still says about each what sample_traces/verdicts.json recorded.
 
 The analyzer never imports torch, so the checks run in-process through
-`ncclscope.cli.main` (the same code as `ncclscope analyze`); one sample is also
+`ncclscope.cli.main.main` (the same code as `ncclscope analyze`); one sample is also
 run through the real CLI. Re-make the samples with `python sample_traces/make.py`.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import shlex
 import pytest
 
 from conftest import ROOT, run_cli
-from ncclscope.cli import main
+from ncclscope.cli.main import main
 
 SAMPLES = ROOT / "sample_traces"
 RECORDED = json.loads((SAMPLES / "verdicts.json").read_text())

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from ncclscope import schema as S
-from ncclscope.analysis.diagnose import diagnose
+from ncclscope.verdict.diagnose import diagnose
 from ncclscope.runtime.mesh import Grid, fingerprint, group_file, writes_whole_plan
-from ncclscope.trace import load
+from ncclscope.load.trace import load
 
 pytestmark = pytest.mark.timeout(120)
 SAMPLES = Path(__file__).resolve().parents[1] / "sample_traces"

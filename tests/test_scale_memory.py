@@ -11,11 +11,11 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from ncclscope import columns as C
-from ncclscope.analysis import p2p_pairs as P
-from ncclscope.analysis import utilization as U
-from ncclscope.analysis import wait_edges as W
-from ncclscope.trace import force_rank
+from ncclscope.load import columns as C
+from ncclscope.index import p2p_pairs as P
+from ncclscope.perf import utilization as U
+from ncclscope.index import wait_edges as W
+from ncclscope.load.trace import force_rank
 
 SCHEMA = pa.schema([("rank", pa.int32()), ("op_name", pa.string()), ("kind", pa.string()), ("step", pa.int32())])
 VALUES = ["a", "b", "", "ccc", None]

@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ncclscope.analysis import bubbles
-from ncclscope.analysis import p2p_pairs as P
-from ncclscope.analysis.comm_stats import _unique_lookup
+from ncclscope.perf import bubbles
+from ncclscope.index import p2p_pairs as P
+from ncclscope.perf.comm_stats import _unique_lookup
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -129,8 +129,8 @@ def _pipeline_ops(rng: np.random.Generator, n: int) -> pd.DataFrame:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_schedule_deviations_on_codes_are_the_merge(seed: int) -> None:
-    from ncclscope.analysis import schedule_check as SC
-    from ncclscope.analysis.schedule_fast import deviating_tokens
+    from ncclscope.hang import schedule_check as SC
+    from ncclscope.hang.schedule_fast import deviating_tokens
     from ncclscope.schedules import build_schedule
     rng = np.random.default_rng(seed)
     ops = _pipeline_ops(rng, 600 if seed else 3)
@@ -149,7 +149,7 @@ def test_schedule_deviations_on_codes_are_the_merge(seed: int) -> None:
 
 @pytest.mark.parametrize("seed", range(5))
 def test_inflight_join_on_packed_keys_is_merge_asof(seed: int) -> None:
-    from ncclscope.analysis import utilization as U
+    from ncclscope.perf import utilization as U
     rng = np.random.default_rng(seed)
     n, k = 400, 150
     start = rng.integers(1000, 1300, n)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ncclscope import schema as S
-from ncclscope.trace import TraceError, load
+from ncclscope.load.trace import TraceError, load
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -55,8 +55,8 @@ def real_pp_hung(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 # ---- presenters (no terminal) ------------------------------------------------------
 def test_model_of_hung_pipeline(pp_hung: Path) -> None:
-    from ncclscope.analysis import run as compose
-    from ncclscope.trace import load
+    from ncclscope.verdict import run as compose
+    from ncclscope.load.trace import load
     from ncclscope.tui.model import build_run_model
     trace = load(pp_hung)
     a = compose(trace)
@@ -70,7 +70,7 @@ def test_model_of_hung_pipeline(pp_hung: Path) -> None:
 
 
 def test_timeline_and_collectives_presenters(pp_hung: Path) -> None:
-    from ncclscope.trace import load
+    from ncclscope.load.trace import load
     from ncclscope.tui.screens.collectives import build_matrix, build_p2p
     from ncclscope.tui.screens.timeline import build_timeline, default_step
     trace = load(pp_hung)
@@ -87,7 +87,7 @@ def test_timeline_and_collectives_presenters(pp_hung: Path) -> None:
 def test_metrics_presenter_marks_divergence(pp_hung: Path) -> None:
     import pandas as pd
     from types import SimpleNamespace
-    from ncclscope.trace import load
+    from ncclscope.load.trace import load
     from ncclscope.tui.screens.metrics import build_metrics
     trace = load(pp_hung)
     dev = pd.DataFrame({"rank": [3], "step": [1], "metric": ["param_checksum"], "value": [1.0], "reference": [2.0]})
@@ -125,7 +125,7 @@ def _metric_rows(step: int) -> pa.Table:
 
 def test_follower_reads_what_load_reads(pp_hung: Path) -> None:
     import pandas as pd
-    from ncclscope.trace import load
+    from ncclscope.load.trace import load
     from ncclscope.tui.follow import Follower
     f = Follower(pp_hung)
     assert f.poll() and not f.poll()                        # second poll: nothing new
@@ -308,8 +308,8 @@ def test_snapshot(snap_compare: Any, pp_hung: Path, keys: tuple[str, ...]) -> No
 # ---- one verdict: the composer's (issue 11) ------------------------------------------------
 def test_tui_verdict_is_the_composers_on_every_sample() -> None:
     """For every sample run, the overview's verdict line and the grid's root marks are run(load(dir))'s."""
-    from ncclscope.analysis import run as compose
-    from ncclscope.trace import load
+    from ncclscope.verdict import run as compose
+    from ncclscope.load.trace import load
     dirs = sorted(d for d in SAMPLES.iterdir() if (d / S.RUN_JSON).exists())
     assert len(dirs) >= 8
 

@@ -23,7 +23,7 @@ EVIL = "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] [
 def _evil_run(monkeypatch: pytest.MonkeyPatch) -> None:
     """Make the composer return markup-looking text everywhere a trace string goes."""
     from dataclasses import replace
-    import ncclscope.analysis as analysis
+    import ncclscope.verdict as analysis
     from ncclscope.findings import Evidence
     real = analysis.run
 
@@ -150,7 +150,7 @@ def test_help_palette_footer_and_focus_order(pp_hung: Path) -> None:
 # ---- issue 14.7: sparklines follow the pane and the data ---------------------------------------------
 def _spiky_trace(steps: int = 80, spike_step: int = 40, factor: float = 21.9) -> Any:
     import pandas as pd
-    from ncclscope.trace import load
+    from ncclscope.load.trace import load
     trace = load(SAMPLES / "healthy")
     base = trace.metrics.iloc[0]
     rows = []
@@ -206,7 +206,7 @@ def _tp_trace() -> Any:
                 t += dur + 0.001
     trace = b.build()
     import pandas as pd
-    from ncclscope.trace import load
+    from ncclscope.load.trace import load
     proto = load(SAMPLES / "healthy").metrics
     trace.metrics = pd.DataFrame([{**proto.iloc[0].to_dict(), "rank": r, "step": 0} for r in range(world)]
                                  ).astype(proto.dtypes.to_dict())

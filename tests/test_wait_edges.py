@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from ncclscope import schema as S
-from ncclscope.analysis.wait_edges import EDGE_COLUMNS, WaitEdges
-from ncclscope.analysis.waitgraph import _arcs
+from ncclscope.index.wait_edges import EDGE_COLUMNS, WaitEdges
+from ncclscope.index.waitgraph import _arcs
 
 GROUPS = ["dp0", "tp1", "world"]
 

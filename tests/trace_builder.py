@@ -2,9 +2,9 @@
 
 Analyses take a `Trace`; writing Arrow files to build one per test case is
 slow and hides the case in boilerplate. `TraceBuilder` lets a test state a
-scenario op by op, in seconds, and produces exactly what `ncclscope.trace.load`
+scenario op by op, in seconds, and produces exactly what `ncclscope.load.trace.load`
 would (begin/end rows in `schema.EVENTS_SCHEMA`, group views as in rank.json,
-RankInfo per rank), through the same `ncclscope.trace.assemble`:
+RankInfo per rank), through the same `ncclscope.load.trace.assemble`:
 
     b = TraceBuilder(4, groups={"dp0": [0, 1], "dp1": [2, 3]})
     b.collective(0, "dp0", 1, start=1.0, end=1.1)          # ok
@@ -32,7 +32,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ncclscope import schema as S
-from ncclscope.trace import RankInfo, Trace, assemble
+from ncclscope.load.trace import RankInfo, Trace, assemble
 
 NS = 1_000_000_000
 REDUCING_OPS = frozenset({"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"})

@@ -325,8 +325,8 @@ def run(coro: Any) -> Any:
 
 def diagnosis_roots(path: Path) -> list[int]:
     """The root ranks every face marks: the composer's."""
-    from ncclscope.analysis import run as compose
-    from ncclscope.trace import load
+    from ncclscope.verdict import run as compose
+    from ncclscope.load.trace import load
     return compose(load(path)).root_ranks
 
 

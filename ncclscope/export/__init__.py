@@ -32,7 +32,7 @@ Modules: `perfetto.py` (trace-event JSON), `parquet.py` (datasets, and reading t
 """
 from __future__ import annotations
 
-from .parquet import DATASET_MARKER, PARQUET_TABLES, export_parquet, load_parquet
-from .perfetto import INFLIGHT_NOTE, export_perfetto
+from ncclscope.export.parquet import DATASET_MARKER, PARQUET_TABLES, export_parquet, load_parquet
+from ncclscope.export.perfetto import INFLIGHT_NOTE, export_perfetto
 
 __all__ = ["DATASET_MARKER", "PARQUET_TABLES", "INFLIGHT_NOTE", "export_perfetto", "export_parquet", "load_parquet"]

@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from .. import safe_io
-from .. import schema as S
-from ..trace import RankInfo, Trace, TraceError, assemble
+from ncclscope.load import safe_io
+from ncclscope import schema as S
+from ncclscope.load.trace import RankInfo, Trace, TraceError, assemble
 
 DATASET_MARKER = "ncclscope_dataset.json"
 PARQUET_TABLES = ("events", "ops", "metrics", "samples", "groups")

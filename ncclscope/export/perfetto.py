@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import schema as S
-from ..trace import Trace
+from ncclscope import schema as S
+from ncclscope.load.trace import Trace
 
 INFLIGHT_NOTE = "never completed (still in flight when the trace ends)"
 _CHUNK = 200_000

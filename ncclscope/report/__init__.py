@@ -3,6 +3,6 @@
     from ncclscope.report import write_report
     stats = write_report(trace, "report.html")     # diagnosis and perf computed if not given
 """
-from .html import write_report
+from ncclscope.report.html import write_report
 
 __all__ = ["write_report"]

@@ -17,11 +17,11 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..analysis.comm_stats import SEND_OPS
-from ..analysis.performance import PerfResult
-from ..trace import Trace
-from .style import MS, TEMPLATE, esc, int_axis, layout as _layout, template_json  # noqa: F401  (re-exported)
-from .timeline import focus_ranks as _focus_ranks, timeline  # noqa: F401  (re-exported)
+from ncclscope.perf.comm_stats import SEND_OPS
+from ncclscope.perf.performance import PerfResult
+from ncclscope.load.trace import Trace
+from ncclscope.report.style import MS, TEMPLATE, esc, int_axis, layout as _layout, template_json  # noqa: F401  (re-exported)
+from ncclscope.report.timeline import focus_ranks as _focus_ranks, timeline  # noqa: F401  (re-exported)
 
 MAX_LINES = 16          # ranks drawn as individual lines; above this, aggregate
 MAX_POINTS = 20_000     # scatter points per figure

@@ -27,15 +27,15 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import plotly.io as pio
 
-from ..analysis.performance import PerfResult
-from ..findings import Finding
-from ..trace import Trace
-from . import figures as F
-from .bundle import loader_html, template_html
-from .figures import esc
+from ncclscope.perf.performance import PerfResult
+from ncclscope.findings import Finding
+from ncclscope.load.trace import Trace
+from ncclscope.report import figures as F
+from ncclscope.report.bundle import loader_html, template_html
+from ncclscope.report.figures import esc
 
 if TYPE_CHECKING:
-    from ..analysis.compose import Analysis
+    from ncclscope.verdict.compose import Analysis
 
 SIZE_BUDGET = 15 * 2**20
 
@@ -150,12 +150,12 @@ def write_report(trace: Trace, out_path: str | Path, analysis: "Analysis | None"
                  size_budget: int = SIZE_BUDGET) -> dict[str, Any]:
     """Write the report; return stats (path, bytes, seconds, sections drawn/skipped/failed).
 
-    `analysis`: the composed Analysis (ncclscope.analysis.run) whose verdict
+    `analysis`: the composed Analysis (ncclscope.verdict.run) whose verdict
     and findings the report shows; computed here when None. The report never
     composes a verdict of its own."""
     t0 = time.perf_counter()
     if analysis is None:
-        from ..analysis import run
+        from ncclscope.verdict import run
         analysis = run(trace)
     perf = analysis.perf if analysis.perf is not None else PerfResult()
     findings = list(analysis.findings)

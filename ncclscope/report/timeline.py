@@ -17,10 +17,10 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..analysis.bubbles import pipeline_layout
-from ..analysis.performance import PerfResult
-from ..trace import Trace
-from .style import MS, esc, layout
+from ncclscope.perf.bubbles import pipeline_layout
+from ncclscope.perf.performance import PerfResult
+from ncclscope.load.trace import Trace
+from ncclscope.report.style import MS, esc, layout
 
 # microbatch hues: no red, grey or cyan (those are communication and idle)
 MB_PALETTE = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#EECA3B", "#9D755D", "#FF9DA6"]

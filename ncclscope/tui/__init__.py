@@ -9,5 +9,5 @@ from pathlib import Path
 
 def run_tui(path: str | Path, follow: bool = False, poll_s: float = 1.0) -> int:
     """Open the TUI on a run directory; returns the process exit code (2: not a run directory)."""
-    from .app import run_tui as _run_tui
+    from ncclscope.tui.app import run_tui as _run_tui
     return _run_tui(path, follow=follow, poll_s=poll_s)

@@ -8,7 +8,7 @@ Layout: tabs for Overview (verdict, findings), Ranks (mesh grid), Rank
 pairs), Timeline (one step as a text Gantt) and Metrics (loss / grad norm
 sparklines). Loading runs in a thread worker in stages, each shown as soon as
 it is ready: run.json alone (the grid from exit codes, in milliseconds), the
-loaded trace, then `ncclscope.analysis.run(trace)`: the one composer whose
+loaded trace, then `ncclscope.verdict.run(trace)`: the one composer whose
 verdict line, findings and root ranks every face shows verbatim. The UI thread
 only renders presenter dataclasses (`model.py`), so it never freezes.
 
@@ -32,18 +32,18 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static, TabbedContent, TabPane, Tabs
 
-from . import model as M
-from .filtering import FilterMixin
-from .help import HelpScreen
-from .loading import EXIT_UNREADABLE, LoadingMixin, _read_run, analyse  # noqa: F401 - importable from here
-from .screens.collectives import CollectivesView
-from .screens.metrics import MetricsView
-from .screens.overview import OverviewView
-from .screens.rank import RankView, build_rank_detail
-from .screens.ranks import RanksView
-from .screens.timeline import TimelineView
-from .tabs import FOCUS, TAB_TITLES, TABS, VIEWS
-from .widgets.rank_grid import RankGrid
+from ncclscope.tui import model as M
+from ncclscope.tui.filtering import FilterMixin
+from ncclscope.tui.help import HelpScreen
+from ncclscope.tui.loading import EXIT_UNREADABLE, LoadingMixin, _read_run, analyse  # noqa: F401 - importable from here
+from ncclscope.tui.screens.collectives import CollectivesView
+from ncclscope.tui.screens.metrics import MetricsView
+from ncclscope.tui.screens.overview import OverviewView
+from ncclscope.tui.screens.rank import RankView, build_rank_detail
+from ncclscope.tui.screens.ranks import RanksView
+from ncclscope.tui.screens.timeline import TimelineView
+from ncclscope.tui.tabs import FOCUS, TAB_TITLES, TABS, VIEWS
+from ncclscope.tui.widgets.rank_grid import RankGrid
 
 
 class NcclscopeApp(LoadingMixin, FilterMixin, App[None]):
@@ -76,7 +76,7 @@ class NcclscopeApp(LoadingMixin, FilterMixin, App[None]):
         self.follow = follow
         self.poll_s = poll_s
         self.trace: Any = None
-        self.analysis: Any = None            # ncclscope.analysis.run(trace)
+        self.analysis: Any = None            # ncclscope.verdict.run(trace)
         self._given = trace                  # a trace loaded before the app started (run_tui, tests)
         self.run_model: M.RunModel | None = None
         self.rank = -1                       # rank shown in the Rank tab
@@ -233,8 +233,8 @@ def run_tui(path: str | Path, follow: bool = False, poll_s: float = 1.0) -> int:
     trace = None
     if not follow and not _has_rank_dirs(path):
         # not a ncclscope run directory: a foreign trace (Flight Recorder, profiler), or nothing readable
-        from ..ingest import load_any
-        from ..trace import TraceError
+        from ncclscope.load.foreign import load_any
+        from ncclscope.load.trace import TraceError
         try:
             trace = load_any(path)
         except TraceError as exc:

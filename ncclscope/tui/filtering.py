@@ -7,7 +7,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Input, Static, TabbedContent
 
-from .tabs import FOCUS, VIEWS
+from ncclscope.tui.tabs import FOCUS, VIEWS
 
 
 class FilterMixin:

@@ -12,7 +12,7 @@ when their size or mtime changes.
     f = Follower("runs/live")
     while True:
         if f.poll():
-            trace = f.trace()          # a ncclscope.trace.Trace, like trace.load()
+            trace = f.trace()          # a ncclscope.load.trace.Trace, like trace.load()
         time.sleep(1)
 
 `trace()` is incremental (the default; tui/follow_trace.py): the appended rows
@@ -33,8 +33,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.ipc
 
-from .. import schema as S
-from ..trace import GroupViews, RankInfo, Trace, assemble, conform_table, force_rank
+from ncclscope import schema as S
+from ncclscope.load.trace import GroupViews, RankInfo, Trace, assemble, conform_table, force_rank
 
 Progress = Callable[[int, int], None]
 _PARSE_ERRORS = (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError)
@@ -235,7 +235,7 @@ class Follower:
         world, infos, views, warnings = self._meta()
         stacks = {r: rk.stacks for r, rk in self.ranks.items() if rk.stacks_size >= 0}
         if self.incremental:
-            from .follow_trace import LiveTrace
+            from ncclscope.tui.follow_trace import LiveTrace
             if self._live is None:
                 self._live = LiveTrace()
             try:
@@ -371,7 +371,7 @@ def hold_premature_hang(analysis: Any, trace: Trace) -> tuple[Any, str]:
     if worst_ratio > 1.0:
         return analysis, ""
     from dataclasses import replace
-    from ..analysis.compose import compose_verdict
+    from ncclscope.verdict.compose import compose_verdict
     rest = [f for f in analysis.findings if not any(f is g for g in hang)]
     verdict, level = compose_verdict(None, rest, analysis.errors)
     rank, name, wait, limit = worst

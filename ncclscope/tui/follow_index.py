@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..analysis.index import TraceIndex
+from ncclscope.index.views import TraceIndex
 
 MERGED = ("coll", "p2p", "step_windows", "instances", "max_seq")
 

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .. import schema as S
-from ..opsjoin import ops_from_join
+from ncclscope import schema as S
+from ncclscope.load.opsjoin import ops_from_join
 
 MASK = (1 << 40) - 1           # build_ops' key: rank << 40 | op_id & MASK; within one rank: op_id & MASK
 UID_SHIFT = 40

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ..columns import _Columns
+from ncclscope.load.columns import _Columns
 
 _ABSENT = np.iinfo(np.int64).max
 _RANK_SHIFT = 42                      # position keys: rank index << 42 | position in the rank (2 * row + null bit)

@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import schema as S
-from ..analysis.index import seed_index
-from ..columns import _aligned, _fill_ints
-from ..groupviews import GroupViews
-from ..trace import RankInfo, Trace, force_rank
-from .follow_index import IndexState, extend
-from .follow_ops import LiveOps, phase_codes
-from .follow_tables import LiveTable
+from ncclscope import schema as S
+from ncclscope.index.views import seed_index
+from ncclscope.load.columns import _aligned, _fill_ints
+from ncclscope.load.groupviews import GroupViews
+from ncclscope.load.trace import RankInfo, Trace, force_rank
+from ncclscope.tui.follow_index import IndexState, extend
+from ncclscope.tui.follow_ops import LiveOps, phase_codes
+from ncclscope.tui.follow_tables import LiveTable
 
 TABLES = (S.EVENTS_FILE, S.METRICS_FILE, S.SAMPLES_FILE)
 

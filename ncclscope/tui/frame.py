@@ -10,10 +10,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import schema as S
-from ..findings import Finding
-from ..trace import STATUS_INFLIGHT, RankInfo, Trace
-from .presenters import MESH_KEYS, NS
+from ncclscope import schema as S
+from ncclscope.findings import Finding
+from ncclscope.load.trace import STATUS_INFLIGHT, RankInfo, Trace
+from ncclscope.tui.presenters import MESH_KEYS, NS
 
 COORD_KEYS = ("pp", "dp", "cp", "tp", "ep")   # label order: coarsest first
 

@@ -28,9 +28,9 @@ def _key(b: Binding) -> str:
 
 def binding_rows() -> list[tuple[str, str, str]]:
     """(where, keys, what) for every binding of the app and its widgets."""
-    from .app import NcclscopeApp
-    from .widgets.rank_grid import RankGrid
-    from .widgets.tables import GroupList, OpenTable
+    from ncclscope.tui.app import NcclscopeApp
+    from ncclscope.tui.widgets.rank_grid import RankGrid
+    from ncclscope.tui.widgets.tables import GroupList, OpenTable
     rows: list[tuple[str, str, str]] = []
     sources: Iterable[tuple[str, Any]] = (("Everywhere", NcclscopeApp), ("Overview findings", OpenTable),
                                           ("Ranks grid", RankGrid), ("Collectives groups", GroupList))

@@ -1,7 +1,7 @@
 """Opening a run in the TUI without freezing it: a thread worker loads in
 stages, each handed to the UI thread as soon as it is ready (run.json alone,
 then the loaded trace, then a hang's verdict as soon as the hang diagnosis
-has it, then the whole `ncclscope.analysis.run(trace)`), and with
+has it, then the whole `ncclscope.verdict.run(trace)`), and with
 --follow keeps polling for appended rows. A mixin of `NcclscopeApp`; the UI
 thread only ever receives presenter models (`model.py`).
 """
@@ -14,16 +14,16 @@ from typing import Any
 from textual import work
 from textual.worker import get_current_worker
 
-from . import model as M
-from .screens.overview import OverviewView
+from ncclscope.tui import model as M
+from ncclscope.tui.screens.overview import OverviewView
 
 EXIT_UNREADABLE = 2        # as `ncclscope analyze` on a directory it cannot read
 
 
 def analyse(trace: Any, on_verdict: Any = None) -> Any:
-    """`ncclscope.analysis.run(trace)`: the one verdict composer (looked up at call time); `on_verdict`
+    """`ncclscope.verdict.run(trace)`: the one verdict composer (looked up at call time); `on_verdict`
     gets a hang's verdict before the performance analyses run (compose.run)."""
-    from .. import analysis
+    from ncclscope import verdict as analysis
     return analysis.run(trace, on_verdict=on_verdict)
 
 
@@ -40,19 +40,19 @@ class LoadingMixin:
         if run.get("world_size") and self._given is None:
             self._ui(self.apply, M.preliminary_model(self.path, run), None)
             self._stop.wait(0.15)   # let the UI thread paint the first screen before loading takes the GIL
-        from ..trace import TraceError
+        from ncclscope.load.trace import TraceError
         follower = None
         try:
             if self._given is not None:
                 trace = self._given
             elif self.follow:
-                from .follow import Follower
+                from ncclscope.tui.follow import Follower
                 follower = Follower(self.path)
                 progress("reading rank files", 0, None)
                 follower.poll(progress=lambda i, n: progress(f"reading rank files {i}/{n}", i, n))
                 trace = follower.trace()
             else:
-                from ..ingest import load_any
+                from ncclscope.load.foreign import load_any
                 progress(f"loading trace ({run.get('world_size', '?')} ranks)", 1, 3)
                 trace = load_any(self.path)
         except TraceError as exc:
@@ -104,7 +104,7 @@ class LoadingMixin:
             return
         note = ""
         if live:
-            from .follow import hold_premature_hang
+            from ncclscope.tui.follow import hold_premature_hang
             analysis, note = hold_premature_hang(analysis, trace)
         self.live_note = note
         model = M.build_run_model(trace, analysis, live=live, stage="ready", frame=frame)

@@ -1,14 +1,14 @@
 """The overview and rank-grid model: a `Trace` plus the composed `Analysis` -> `RunModel`.
 
 The verdict line, the findings and the root-cause ranks are the composer's
-(`ncclscope.analysis.run`), shown verbatim: nothing here decides what is wrong
+(`ncclscope.verdict.run`), shown verbatim: nothing here decides what is wrong
 with the run. This module lays the ranks out on the mesh, colours them, and
 writes the run's config / mesh / steps lines. The presenter dataclasses live
 in `presenters.py`, the trace-column helpers in `frame.py`; both are
 re-exported here, so `from ncclscope.tui import model as M` reaches them all.
 
-    from ncclscope.trace import load
-    from ncclscope.analysis import run
+    from ncclscope.load.trace import load
+    from ncclscope.verdict import run
     from ncclscope.tui.model import build_run_model
     trace = load("runs/hung")
     m = build_run_model(trace, run(trace))
@@ -23,19 +23,19 @@ import numpy as np
 import pandas as pd
 
 try:
-    from ..analysis.labels import fmt_ranks
+    from ncclscope.index.labels import fmt_ranks
 except ImportError:   # before the labels were split out of groups.py
-    from ..analysis.groups import fmt_ranks  # type: ignore[no-redef]
-from ..findings import Finding
-from ..trace import RankInfo, Trace, assemble
-from .frame import (COORD_KEYS, cell_states, coord_label, coords_of, degrees, describe_ops, fmt_seconds,  # noqa: F401
+    from ncclscope.hang.group_checks import fmt_ranks  # type: ignore[no-redef]
+from ncclscope.findings import Finding
+from ncclscope.load.trace import RankInfo, Trace, assemble
+from ncclscope.tui.frame import (COORD_KEYS, cell_states, coord_label, coords_of, degrees, describe_ops, fmt_seconds,  # noqa: F401
                     plain, rank_frame, varying_keys)
-from .presenters import (COMPACT_PER_ROW, GLYPH, MAX_MESH_ROWS, MESH_KEYS, NS, STATE_LABEL, STATES,  # noqa: F401
+from ncclscope.tui.presenters import (COMPACT_PER_ROW, GLYPH, MAX_MESH_ROWS, MESH_KEYS, NS, STATE_LABEL, STATES,  # noqa: F401
                          CollMatrix, FindingView, GridModel, MetricRow, MetricsModel, OpRow, P2PRow, RankCell,
                          RankDetail, RunModel, TimelineModel)
 
 if TYPE_CHECKING:
-    from ..analysis.compose import Analysis
+    from ncclscope.verdict.compose import Analysis
 
 
 # ---- Grid layout -----------------------------------------------------------
@@ -113,7 +113,7 @@ def finding_views(findings: list[Finding]) -> list[FindingView]:
 
 def build_run_model(trace: Trace, analysis: "Analysis | None" = None, live: bool = False,
                     stage: str = "ready", frame: pd.DataFrame | None = None) -> RunModel:
-    """The overview + grid model. `analysis` is `ncclscope.analysis.run(trace)` (None while it runs):
+    """The overview + grid model. `analysis` is `ncclscope.verdict.run(trace)` (None while it runs):
     its verdict, findings and root ranks are shown as they are. `frame` is `rank_frame(trace)` when the
     caller has it already (the loading worker builds one per trace for all its stages: 0.4 s at 16,384 ranks)."""
     findings: list[Finding] = list(analysis.findings) if analysis is not None else []

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..findings import Evidence
+from ncclscope.findings import Evidence
 
 NS = 1_000_000_000
 # Display states of a rank cell, most alarming last (the grid legend order).

@@ -16,7 +16,7 @@ _FRAME = re.compile(r'^\s*File "(?P<file>[^"]*)", line \d+ in (?P<func>\S+)')
 
 def is_own_frame(file: str, func: str) -> bool:
     """A frame of ncclscope's recorder / comm wrapper internals (not an API the training code called)."""
-    f = file.replace("\\", "/")
+    f = file.replace("\\", "/").replace("/ncclscope/runtime/", "/runtime/")   # the runtime is training code
     if "/ncclscope/" in f or f.endswith("runtime/recorder.py") or func == "dump_stacks":
         return True
     return f.endswith("runtime/comm.py") and func.startswith("_")

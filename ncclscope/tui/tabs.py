@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from .screens.collectives import CollectivesView
-from .screens.metrics import MetricsView
-from .screens.overview import OverviewView
-from .screens.rank import RankView
-from .screens.ranks import RanksView
-from .screens.timeline import TimelineView
+from ncclscope.tui.screens.collectives import CollectivesView
+from ncclscope.tui.screens.metrics import MetricsView
+from ncclscope.tui.screens.overview import OverviewView
+from ncclscope.tui.screens.rank import RankView
+from ncclscope.tui.screens.ranks import RanksView
+from ncclscope.tui.screens.timeline import TimelineView
 
 TABS = ("overview", "grid", "rank", "colls", "timeline", "metrics")
 TAB_TITLES = {"overview": ("o", "Overview"), "grid": ("g", "Ranks"), "rank": ("r", "Rank"),

@@ -52,7 +52,7 @@ def test_mode_completes_on_nccl_with_every_op_ended(tmp_path: Path, mode: str) -
         pytest.skip(f"{mode} needs {need} GPUs, {GPUS} visible")
     res = _train(tmp_path / "run", *args, "--steps", "3")
     assert res.returncode == 0, res.stderr[-3000:]
-    from ncclscope.trace import load
+    from ncclscope.load.trace import load
     trace = load(tmp_path / "run")
     ops = trace.ops
     comm = ops[ops["kind"].isin(["collective", "p2p"])]

@@ -19,9 +19,9 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 
-from .. import model as M
-from ...trace import Trace
-from ..widgets.tables import GroupList
+from ncclscope.tui import model as M
+from ncclscope.load.trace import Trace
+from ncclscope.tui.widgets.tables import GroupList
 
 MAX_SEQS = 200
 MAX_P2P = 500
@@ -100,9 +100,9 @@ def build_p2p(trace: Trace, tables: dict[str, Any] | None = None) -> tuple[list[
     if pairs is None:
         try:
             try:
-                from ...analysis.p2p_pairs import match_p2p, p2p_ops
+                from ncclscope.index.p2p_pairs import match_p2p, p2p_ops
             except ImportError:      # before the pairing moved out of p2p.py
-                from ...analysis.p2p import match_p2p, p2p_ops
+                from ncclscope.hang.p2p import match_p2p, p2p_ops
             pairs = match_p2p(p2p_ops(trace.ops)) if len(trace.ops) else None
         except Exception:   # the p2p analysis is optional for this view
             pairs = None

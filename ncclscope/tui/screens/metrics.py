@@ -21,9 +21,9 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from .. import model as M
-from ...trace import Trace
-from ..widgets.plots import sparkline, use_log_scale
+from ncclscope.tui import model as M
+from ncclscope.load.trace import Trace
+from ncclscope.tui.widgets.plots import sparkline, use_log_scale
 
 SPARK_MIN = 8               # narrowest sparkline (an 80-column terminal with long rank labels)
 FIXED_W = 8 + 8 + 12 + 12   # the two "last" columns, "diverges at", cell padding

@@ -13,10 +13,10 @@ from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.message import Message
 from textual.widgets import DataTable, Label, ProgressBar, Static
 
-from ..stacks import hide_own_frames
-from ..widgets.tables import OpenTable
+from ncclscope.tui.stacks import hide_own_frames
+from ncclscope.tui.widgets.tables import OpenTable
 
-from ..model import FindingView, RunModel, fmt_ranks
+from ncclscope.tui.model import FindingView, RunModel, fmt_ranks
 
 SEVERITY_MARK = {"error": "E", "warning": "W", "info": "i"}
 

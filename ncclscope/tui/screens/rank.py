@@ -13,10 +13,10 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
-from .. import model as M
-from ..stacks import hide_own_frames
-from ...findings import Finding
-from ...trace import STATUS_INFLIGHT, Trace
+from ncclscope.tui import model as M
+from ncclscope.tui.stacks import hide_own_frames
+from ncclscope.findings import Finding
+from ncclscope.load.trace import STATUS_INFLIGHT, Trace
 
 MAX_OPS = 300
 STATUS_STYLE = {"ok": "green", "inflight": "yellow", "suspect": "bold yellow", "timeout": "bold red",
@@ -26,9 +26,9 @@ STATUS_STYLE = {"ok": "green", "inflight": "yellow", "suspect": "bold yellow", "
 def _excerpt(text: str) -> str:
     try:
         try:
-            from ...analysis.stacks import stack_excerpt
+            from ncclscope.index.stack_excerpts import stack_excerpt
         except ImportError:          # before stacks.py was split out of waitfor.py
-            from ...analysis.waitfor import stack_excerpt
+            from ncclscope.hang.waitfor import stack_excerpt
         return hide_own_frames(stack_excerpt(text, max_frames=16))
     except Exception:   # the analysis is optional here: show the raw dump
         return ""
@@ -74,7 +74,7 @@ def build_rank_detail(trace: Trace, rank: int, findings: list[Finding], states: 
     state = states.get(rank, "unknown")
     how = info.state if info else "missing"
     try:
-        from ...analysis.summary import exit_text
+        from ncclscope.index.summary import exit_text
         how += f", {exit_text(info)}" if info else ""
     except Exception:
         pass

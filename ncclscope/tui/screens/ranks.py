@@ -11,8 +11,8 @@ from textual.app import ComposeResult
 from textual.containers import ScrollableContainer, Vertical
 from textual.widgets import Static
 
-from ..model import STATE_LABEL, STATES, RunModel
-from ..widgets.rank_grid import RankGrid
+from ncclscope.tui.model import STATE_LABEL, STATES, RunModel
+from ncclscope.tui.widgets.rank_grid import RankGrid
 
 
 class RanksView(Vertical):

@@ -19,9 +19,9 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 
-from .. import model as M
-from ...trace import STATUS_INFLIGHT, Trace
-from ..widgets.plots import CODES, gantt_lines
+from ncclscope.tui import model as M
+from ncclscope.load.trace import STATUS_INFLIGHT, Trace
+from ncclscope.tui.widgets.plots import CODES, gantt_lines
 
 LABEL_W = 13                 # at least; wider when the coordinates need it
 

@@ -11,7 +11,7 @@ import numpy as np
 from rich.style import Style
 from rich.text import Text
 
-from ..model import TimelineModel
+from ncclscope.tui.model import TimelineModel
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 IDLE = "·"

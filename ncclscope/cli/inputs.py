@@ -1,0 +1,114 @@
+"""Where the CLI touches the file system: reading any supported input (with a
+spinner on a terminal and a one-line error otherwise), checking output paths
+before any work starts, and the exit codes and `UsageError` those checks end in.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from typing import Any
+
+from ncclscope.cli.output import _clean
+
+EXIT_OK, EXIT_PROBLEMS, EXIT_UNREADABLE, EXIT_INTERNAL = 0, 1, 2, 3
+
+
+class UsageError(Exception):
+    """A command line that cannot work (an output path that cannot be written); exit 2, one line."""
+
+
+def _load(path: str) -> Any:
+    """Any supported input (run directory, Flight Recorder dumps, profiler
+    traces), or None after a one-line error on stderr. A spinner on stderr
+    (only when stderr is a terminal) shows a load that takes a while."""
+    from ncclscope.load.foreign import load_any
+    from ncclscope.load.trace import TraceError
+    try:
+        with _progress(f"reading {path}"):
+            return load_any(path)
+    except TraceError as exc:
+        print(f"ncclscope: {_clean(exc)}", file=sys.stderr)
+    except (OSError, ValueError, RecursionError, MemoryError) as exc:   # a reader that did not word its error
+        print(f"ncclscope: {_clean(path)}: unreadable input ({type(exc).__name__}: {_clean(_first_line(exc))})",
+              file=sys.stderr)
+        if _debug():
+            traceback.print_exc()
+    return None
+
+
+class _progress:
+    """A transient spinner on stderr for slow steps, shown after one second and
+    only when stderr is a terminal (never in pipes, logs or tests)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._status: Any = None
+        self._timer: Any = None
+
+    def __enter__(self) -> "_progress":
+        if not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
+            return self
+        import threading
+
+        from rich.console import Console
+
+        def show() -> None:
+            self._status = Console(stderr=True, highlight=False, markup=False).status(_clean(self.what) + " ...")
+            self._status.start()
+
+        self._timer = threading.Timer(1.0, show)
+        self._timer.daemon = True
+        self._timer.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer.join()
+        if self._status is not None:
+            self._status.stop()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:300] if text else type(exc).__name__
+
+
+def _debug() -> bool:
+    return bool(os.environ.get("NCCLSCOPE_DEBUG")) or _DEBUG[0]
+
+
+_DEBUG = [False]
+
+
+def _writable_file(path: str, flag: str) -> str:
+    """`path` when a file can be written there, else UsageError naming why
+    (a directory in its place, a parent that is missing or a file)."""
+    target = os.path.abspath(path)
+    if os.path.isdir(target):
+        raise UsageError(f"{flag} {path}: is a directory; give a file name")
+    _writable_parent(os.path.dirname(target) or ".", path, flag)
+    return path
+
+
+def _writable_dir(path: str, flag: str) -> str:
+    """`path` when a directory can be created or written there, else UsageError."""
+    target = os.path.abspath(path)
+    if os.path.lexists(target) and not os.path.isdir(target):
+        raise UsageError(f"{flag} {path}: exists and is not a directory")
+    _writable_parent(target if os.path.isdir(target) else os.path.dirname(target), path, flag)
+    return path
+
+
+def _writable_parent(parent: str, path: str, flag: str) -> None:
+    probe = parent
+    while not os.path.lexists(probe):          # the nearest existing ancestor decides
+        up = os.path.dirname(probe)
+        if up == probe:
+            break
+        probe = up
+    if not os.path.isdir(probe):
+        raise UsageError(f"{flag} {path}: {probe} is not a directory")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {path}: {probe} is not writable")

@@ -1,0 +1,116 @@
+"""The CLI's text and JSON faces of an analysis: verdict, findings, the Ranks
+table, the loader's warnings. Every string from a trace passes `_clean` before
+it reaches a terminal; nothing here decides anything (`analysis.run` does).
+"""
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any
+
+from ncclscope.findings import Finding
+
+MAX_WARNINGS_SHOWN = 20
+
+
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def _clean(text: Any) -> str:
+    """A string from a trace made safe for a terminal: control characters (escape
+    sequences a hostile trace could carry) and lone surrogates become U+FFFD."""
+    return _CONTROL.sub("\ufffd", text if isinstance(text, str) else str(text))
+
+
+def _plural(n: int, word: str, plural: str = "") -> str:
+    return f"{n} {word if n == 1 else (plural or word + 's')}"
+
+
+_NO_STEP = re.compile(r" \(step -1\)|,? step -1\b")
+
+
+def _evidence_text(text: str) -> str:
+    """An evidence line without the "(step -1)" of rows outside any step."""
+    return _NO_STEP.sub("", text)
+
+
+def _print_warnings(trace: Any, err: Any = None) -> None:
+    """The loader's warnings, on stderr, before anything else is printed."""
+    err = sys.stderr if err is None else err
+    warnings = list(getattr(trace, "warnings", []) or [])
+    if not warnings:
+        return
+    print(f"ncclscope: the input is only partly readable ({_plural(len(warnings), 'warning')}):", file=err)
+    for w in warnings[:MAX_WARNINGS_SHOWN]:
+        print(f"  warning: {_clean(w)}", file=err)
+    if len(warnings) > MAX_WARNINGS_SHOWN:
+        print(f"  ... {len(warnings) - MAX_WARNINGS_SHOWN} more (all of them in --json)", file=err)
+
+
+
+def _print_report(trace: Any, analysis: Any, out: Any = None) -> None:
+    """The text face: verdict, findings, the Ranks table. The loader's warnings
+    go to stderr first (`_print_warnings`), so stdout's first line is the verdict."""
+    out = sys.stdout if out is None else out   # looked up per call, so callers can redirect stdout
+    findings: list[Finding] = analysis.findings
+    print(_clean(analysis.verdict), file=out)
+    for e in analysis.errors:
+        print(f"  (analysis error: {_clean(e)})", file=out)
+    if findings:
+        print(f"\n{_plural(len(findings), 'finding')}:", file=out)
+        for f in findings:
+            print(f"  [{f.severity}] {f.kind}: {_clean(f.title)}", file=out)
+            for ev in f.evidence[:6]:
+                print(f"      - {_clean(_evidence_text(ev.describe()))}", file=out)
+            if len(f.evidence) > 6:
+                print(f"      ... {_plural(len(f.evidence) - 6, 'more evidence row')} (see --json)", file=out)
+    _print_ranks(trace, out)
+    if trace.warnings:
+        print(f"\n{_plural(len(trace.warnings), 'loader warning')} (printed first, on stderr; all in --json)",
+              file=out)
+
+
+def _print_ranks(trace: Any, out: Any) -> None:
+    """The per-rank summary as a rich table (columns sized to their content)."""
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    from ncclscope.index.summary import rank_summary
+    table = rank_summary(trace)
+    print(f"\nRanks ({len(table)}):", file=out)
+    if len(table) > 64:
+        shown = table[table["state"] != "finished"].head(64)
+        print(f"  ({len(table) - len(shown)} finished ranks not shown)", file=out)
+    else:
+        shown = table
+    grid = Table(box=None, show_edge=False, pad_edge=False, header_style="bold", padding=(0, 1))
+    numeric = {"rank", "steps", "ops"}
+    for col in shown.columns:
+        grid.add_column(str(col), justify="right" if col in numeric else "left", overflow="fold", max_width=60)
+    for row in shown.itertuples(index=False):
+        grid.add_row(*(Text(_clean("" if v is None else v)) for v in row))   # Text: never parsed as markup
+    import io
+    import shutil
+    is_tty = hasattr(out, "isatty") and out.isatty()
+    buf = io.StringIO()
+    width = shutil.get_terminal_size((200, 24)).columns if is_tty else 200
+    Console(file=buf, width=max(width, 80), highlight=False, markup=False, emoji=False, no_color=True,
+            force_terminal=False, soft_wrap=False).print(grid)
+    for line in buf.getvalue().splitlines():
+        print(line.rstrip(), file=out)
+
+
+def _json_report(trace: Any, analysis: Any) -> dict[str, Any]:
+    from ncclscope.index.summary import rank_summary
+    from ncclscope.schema import SCHEMA_VERSION
+    return {
+        "schema": SCHEMA_VERSION,
+        "run": str(trace.path),
+        "verdict": analysis.verdict,
+        "level": analysis.level,
+        "findings": [f.to_json() for f in analysis.findings],
+        "analysis_errors": list(analysis.errors),
+        "ranks": rank_summary(trace).to_dict(orient="records"),
+        "warnings": list(trace.warnings),
+    }

@@ -1,0 +1,111 @@
+"""Which rank left its own loop: the tie-break for a hang in a two-member group.
+
+A training loop issues the same collectives, on the same groups, from the
+same call sites, every iteration. When a rank adds a call behind an `if` (an
+all_reduce of its loss for logging on rank 1 only) or issues the calls of one
+iteration in another order, its sequence of (op, group, call site) stops
+repeating at that call, while its peers' sequences keep repeating. In a
+group of two, "1 of 2 members began #k" cannot say who left: the member that
+began it and waits, or the one that is blocked elsewhere. The sequences can:
+the rank whose own repetition breaks at the op it is blocked in, where its loop
+would have issued the op the waiter waits in, deviated; the waiter did what
+it does every iteration.
+
+Each rank's collectives are read in the order the rank issued them (op_id),
+so dumps without timestamps are read the same; the period and phase come from
+`repetition.virtual_steps`. A sequence that never repeats MIN_REPEATS times
+(a hang in the first iteration) proves nothing either way.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ncclscope import schema as S
+from ncclscope.index.repetition import repeats_to_end, virtual_steps
+from ncclscope.hang.wording import WaitContext
+
+MAX_LOOP_CHECKS = 16             # tied edges whose ranks' loops are read
+
+
+@dataclass(frozen=True)
+class Departure:
+    """Where a rank's loop broke: its call number `index` (op `op_id`) is not the one its loop issues there,
+    `expected_op` on `expected_group` from `expected_site`."""
+    rank: int
+    index: int
+    op_id: int
+    expected_group: str
+    expected_site: str
+    expected_op: str
+
+
+def _sequence(coll: pd.DataFrame, rank: int) -> pd.DataFrame:
+    c = coll[(coll["rank"] == rank).to_numpy()]
+    return c.sort_values("op_id", kind="stable")[["op_id", "op_name", "process_group", "call_site"]]
+
+
+def _tokens(seq: pd.DataFrame) -> list[str]:
+    return [f"{o}\x1f{g}\x1f{s}" for o, g, s in zip(seq["op_name"].astype(str), seq["process_group"].astype(str),
+                                                   seq["call_site"].astype(str))]
+
+
+def departure(coll: pd.DataFrame, rank: int) -> Departure | None:
+    """The rank's first call that breaks its repetition, or None when it never repeats or never breaks."""
+    seq = _sequence(coll, rank)
+    toks = _tokens(seq)
+    rep = virtual_steps(toks)
+    if rep is None:
+        return None
+    steps, brk = rep
+    # The period: the offset back to the previous call of the same virtual step position.
+    same = np.flatnonzero(steps[:brk] == steps[brk] - 1)
+    period = len(same) if len(same) else 0
+    if not period:
+        return None
+    op, group, site = toks[brk - period].split("\x1f")
+    return Departure(rank=rank, index=brk, op_id=int(seq["op_id"].iloc[brk]), expected_group=group,
+                     expected_site=site, expected_op=op)
+
+
+def keeps_loop(coll: pd.DataFrame, rank: int) -> bool:
+    """Does the rank's whole sequence, to its last call, repeat one loop body at least MIN_REPEATS times?"""
+    return repeats_to_end(_tokens(_sequence(coll, rank)))
+
+
+def left_loop_at(coll: pd.DataFrame, target: int, blocked_op_id: int, group: str) -> Departure | None:
+    """The target's departure when it is exactly its blocked op, issued where its loop issues an op on `group`."""
+    d = departure(coll, target)
+    if d is None or d.op_id != blocked_op_id or d.expected_group != group:
+        return None
+    return d
+
+
+def looped(edge: pd.Series) -> bool:
+    """Was this edge kept by `loop_leavers` (its `loop` column; NaN on rows from other rules)?"""
+    v = edge.get("loop")
+    return isinstance(v, (bool, np.bool_)) and bool(v)
+
+
+def loop_leavers(ctx: WaitContext, tied: pd.DataFrame) -> pd.DataFrame:
+    """Edges with no majority (1 of 2 began) into a target blocked in a collective on another group that
+    left its own loop there (loop_order.py): it issued that op where its loop issues the one the waiter,
+    which keeps its loop, waits in. At most MAX_LOOP_CHECKS edges are read (one pass over their ranks' rows)."""
+    b = ctx.blocking
+    bc = b[b["kind"] == S.KIND_COLLECTIVE][["rank", "process_group", "op_id"]]
+    cand = tied.merge(bc.rename(columns={"rank": "target", "process_group": "target_group", "op_id": "target_op"}),
+                      on="target")
+    cand = cand[cand["target_group"] != cand["process_group"]]
+    cand = cand.drop_duplicates(["waiter", "target", "process_group"]).head(MAX_LOOP_CHECKS)
+    if not len(cand):
+        return tied.iloc[0:0]
+    n_blocked = bc.groupby("rank").size().to_dict()          # a target blocked in one collective, not several
+    ranks = set(cand["waiter"].astype(int)) | set(cand["target"].astype(int))
+    coll = ctx.coll
+    sub = coll[coll["rank"].isin(sorted(ranks)).to_numpy()]
+    keep = [i for i, e in enumerate(cand.itertuples(index=False))
+            if n_blocked.get(int(e.target), 0) == 1 and keeps_loop(sub, int(e.waiter))
+            and left_loop_at(sub, int(e.target), int(e.target_op), str(e.process_group)) is not None]
+    return cand.iloc[keep].drop(columns=["target_group", "target_op"]).assign(loop=True)

@@ -1,0 +1,230 @@
+"""Point-to-point matching: every send needs its recv, and a missing one is a hang.
+
+Flight Recorder does not follow p2p at all (and on gloo it does not even
+record it), yet pipeline parallelism hangs through p2p more than anything
+else: a stage that posts `recv` from the next stage while that stage posts
+`recv` from it, or one microbatch too few sends. We match sends and recvs by
+(src, dst, tag, p2p_seq_id): `p2p_seq_id` counts this rank's ops in that
+direction with that peer, so the k-th send a -> b pairs with the k-th recv on b
+from a. What is left over is the evidence:
+
+- a send or recv with no counterpart whose own status is inflight / timeout /
+  error: `unmatched_p2p` naming the rank that never posted the counterpart;
+- a matched pair that did not finish ok on both sides (in-flight pair): both
+  sides posted, so the wait is not about a missing op (sizes, transport);
+- an unmatched op whose absent side left its own routine there (in step s-1
+  it posted the counterpart at this point of the step, in step s it went to
+  another call site and never posted it, while the poster repeats its own
+  step s-1): the absent side skipped it (`with_departure`), the first
+  deviation behind the deadlock or hang between them. Without step numbers
+  (a loop with no optimizer step) the iterations of the rank's loop stand in
+  for steps (`loop_iterations`, repetition.py): there a send to the wrong peer
+  from the loop's own call site is a departure too.
+
+Vectorised: one outer merge of the sends against the recvs (p2p_pairs.py, built once
+by the index).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import pandas as pd
+
+from ncclscope import schema as S
+from ncclscope.findings import Evidence, Finding
+from ncclscope.index.views import IndexLike, TraceIndex, as_index
+from ncclscope.index.labels import rank_label
+from ncclscope.index.repetition import repeats_to_end, virtual_steps
+from ncclscope.hang.wording import since
+
+
+@dataclass
+class P2PReport:
+    findings: list[Finding] = field(default_factory=list)
+    pairs: pd.DataFrame = field(default_factory=pd.DataFrame)      # every send/recv, matched or not
+    unmatched: pd.DataFrame = field(default_factory=pd.DataFrame)  # one side never posted
+    inflight: pd.DataFrame = field(default_factory=pd.DataFrame)   # both posted, not both ok
+
+
+def _unfinished(status: pd.Series) -> pd.Series:
+    return status.notna() & (status != S.STATUS_OK)
+
+
+
+def analyze_p2p(source: IndexLike, max_findings: int = 16) -> P2PReport:
+    """Match p2p ops; `unmatched_p2p` for blocked ops whose counterpart was never posted."""
+    ix = as_index(source)
+    pairs = ix.p2p_pairs
+    if not len(ix.p2p):
+        return P2PReport(pairs=pairs)
+    unmatched = pairs[pairs["state"] != "matched"].reset_index(drop=True)
+    inflight = pairs[(pairs["state"] == "matched")
+                     & (_unfinished(pairs["send_status"]) | _unfinished(pairs["recv_status"]))].reset_index(drop=True)
+    findings = [with_departure(ix, f) for f in _unmatched_findings(ix, unmatched, max_findings)]
+    return P2PReport(findings=findings, pairs=pairs, unmatched=unmatched, inflight=inflight)
+
+
+def _unmatched_findings(ix: TraceIndex, unmatched: pd.DataFrame, max_findings: int) -> list[Finding]:
+    if not len(unmatched):
+        return []
+    so = unmatched[(unmatched["state"] == "send_only") & _unfinished(unmatched["send_status"])]
+    ro = unmatched[(unmatched["state"] == "recv_only") & _unfinished(unmatched["recv_status"])]
+    rows = []
+    for side, df, poster_col, absent_col, other in (("send", so, "src", "dst", "recv"), ("recv", ro, "dst", "src", "send")):
+        if not len(df):
+            continue
+        rows.append(pd.DataFrame({
+            "side": side, "other": other, "poster": df[poster_col].astype("int64"),
+            "absent": df[absent_col].astype("int64"), "src": df["src"], "dst": df["dst"],
+            "tag": df["tag"], "seq": df["seq"], "op_id": df[f"{side}_op_id"].astype("int64"),
+            "op_name": df[f"{side}_op_name"].astype(str), "status": df[f"{side}_status"].astype(str),
+            "start_ns": df[f"{side}_start_ns"].astype("int64"), "step": df[f"{side}_step"].astype("int64"),
+            "process_group": df[f"{side}_process_group"].astype(str),
+        }))
+    if not rows:
+        return []
+    u = pd.concat(rows, ignore_index=True)
+    # A counterpart posted with the same (src, dst, seq) but another tag explains many "missing" ops.
+    other_side = unmatched.assign(
+        other_side=np.where(unmatched["state"] == "send_only", "send", "recv"))[["src", "dst", "seq", "tag",
+                                                                                 "other_side"]]
+    hint = u.merge(other_side.rename(columns={"tag": "other_tag", "other_side": "other"}),
+                   on=["src", "dst", "seq", "other"], how="left")
+    hint = hint[hint["other_tag"].notna() & (hint["other_tag"] != hint["tag"])]
+    hint = hint.drop_duplicates(["side", "src", "dst", "seq", "tag"]).set_index(["side", "src", "dst", "seq", "tag"])
+    trace, end = ix.trace, ix.end_ns
+    findings = []
+    u = u.sort_values(["start_ns", "seq"])
+    for (poster, absent, side), sub in u.groupby(["poster", "absent", "side"], sort=False):
+        first = sub.iloc[0]
+        other = "recv" if side == "send" else "send"
+        prep = "to" if side == "send" else "from"
+        prep2 = "from" if side == "send" else "to"
+        tag_note = ""
+        hk = (side, int(first["src"]), int(first["dst"]), int(first["seq"]), int(first["tag"]))
+        if hk in hint.index:
+            tag_note = (f" (rank {int(absent)} posted {other} #{int(first['seq'])} {prep2} rank {int(poster)} "
+                        f"with tag {int(hint.loc[hk, 'other_tag'])} instead)")
+        title = (f"{rank_label(trace, [int(absent)])} never posted the {other} matching rank {int(poster)}'s "
+                 f"{first['op_name']} #{int(first['seq'])} (tag {int(first['tag'])}) {prep} it{tag_note}; "
+                 f"rank {int(poster)} waiting in it ({first['status']}){since(end, first['start_ns'])}")
+        if len(sub) > 1:
+            title += f" ({len(sub) - 1} more unmatched {side}s between them)"
+        ev = [Evidence(rank=int(r.poster), note=f"{r.status}; no matching {other} on rank {int(r.absent)}",
+                       op_name=str(r.op_name), process_group=str(r.process_group), seq=int(r.seq),
+                       op_id=int(r.op_id), time_ns=int(r.start_ns), peer=int(r.absent))
+              for r in sub.head(8).itertuples(index=False)]
+        findings.append(Finding(
+            kind="unmatched_p2p", severity="error", title=title, ranks=[int(absent)], evidence=ev,
+            data={"poster": int(poster), "absent": int(absent), "side": str(side), "src": int(first["src"]),
+                  "op_step": int(first["step"]), "op_name": str(first["op_name"]),
+                  "dst": int(first["dst"]), "tag": int(first["tag"]), "seq": int(first["seq"]),
+                  "count": int(len(sub)), "tag_mismatch": bool(tag_note)}))
+        if len(findings) >= max_findings:
+            break
+    return findings
+
+
+
+# --------------------------------------------------------------------------
+# The absent side left its own routine: a skipped p2p
+# --------------------------------------------------------------------------
+def step_tokens(ix: TraceIndex, rank: int, step: int | None) -> list[tuple[str, str, int, str]]:
+    """`rank`'s comm ops of one step (every step: None) in order, as (call site, direction or op name, peer,
+    op name): p2p ops by direction (send/isend are one token) and peer, collectives by op name."""
+    p, c = ix.p2p, ix.coll
+    pm, cm = p["rank"].to_numpy() == rank, c["rank"].to_numpy() == rank
+    if step is not None:
+        pm, cm = pm & (p["step"].to_numpy() == step), cm & (c["step"].to_numpy() == step)
+    ps, cs = p[pm], c[cm]
+    rows = [(int(t), int(i), str(site), str(d), int(q), str(op)) for t, i, site, d, q, op in
+            zip(ps["start_ns"], ps["op_id"], ps["call_site"].astype(str), ps["direction"].astype(str), ps["peer"],
+                ps["op_name"].astype(str))]
+    rows += [(int(t), int(i), str(site), str(op), -1, str(op)) for t, i, site, op in
+             zip(cs["start_ns"], cs["op_id"], cs["call_site"].astype(str), cs["op_name"].astype(str))]
+    return [r[2:] for r in sorted(rows)]
+
+
+def loop_iterations(ix: TraceIndex, r: int, q: int) -> tuple[list, list, int] | None:
+    """For a trace without step numbers: (rank r's tokens in the iteration of its loop where it broke the
+    repetition, its tokens in the iteration before, that iteration's number), when rank q kept its own
+    loop to its last call (repetition.py); else None."""
+    toks = step_tokens(ix, r, None)
+    rep = virtual_steps([repr(t[:3]) for t in toks])
+    if rep is None or not repeats_to_end([repr(t[:3]) for t in step_tokens(ix, q, None)]):
+        return None
+    steps, brk = rep
+    v = int(steps[brk])
+    if v < 1:
+        return None
+    return [t for t, st in zip(toks, steps) if st == v], [t for t, st in zip(toks, steps) if st == v - 1], v
+
+
+def _one_step(ix: TraceIndex, rank: int) -> bool:
+    """Are all of the rank's comm ops in one step (no step numbers: a dump, a loop without an optimizer)?"""
+    p, c = ix.p2p, ix.coll
+    steps = np.concatenate([p["step"].to_numpy()[p["rank"].to_numpy() == rank],
+                            c["step"].to_numpy()[c["rank"].to_numpy() == rank]])
+    return len(steps) > 0 and int(steps.min()) == int(steps.max())
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return a[:3] == b[:3]
+
+
+def with_departure(ix: TraceIndex, f: Finding) -> Finding:
+    """`f` (unmatched_p2p) with `data["departure"]` when the absent rank left its own routine there.
+
+    Training repeats itself: in step s-1 the absent rank posted, at this point of the step, the op that
+    would have matched (the recv from the poster, say); in step s it posted something else from
+    another call site (a barrier after the loop, the next step's first op) and never posted it, while
+    the poster's step s is so far its own step s-1 over again. The absent rank skipped it (a loader
+    that dropped a batch, an early `continue`): the first deviation, and the deadlock or hang between
+    them its consequence (diagnose.explains). Silent when either rank has no previous step to compare
+    with, or when the poster left its own routine too (nothing says which of them deviated)."""
+    d = f.data
+    r, q, s = int(d["absent"]), int(d["poster"]), int(d.get("op_step", -1))
+    other = "recv" if d["side"] == "send" else "send"
+    virtual = s < 1 and _one_step(ix, r)
+    if virtual:                                # no step numbers: the loop's repetitions stand in for steps
+        it = loop_iterations(ix, r, q)
+        if it is None:
+            return f
+        got, ref, s = it
+    elif s < 1:
+        return f
+    else:
+        got, ref = step_tokens(ix, r, s), step_tokens(ix, r, s - 1)
+        mine, mine_ref = step_tokens(ix, q, s), step_tokens(ix, q, s - 1)
+        if not got or not ref or not mine or len(mine) > len(mine_ref):
+            return f
+        if not all(_same(a, b) for a, b in zip(mine, mine_ref)):
+            return f                           # the poster departed from its own routine too
+    i = next((j for j, (a, b) in enumerate(zip(got, ref)) if not _same(a, b)), -1)
+    if i < 0:
+        return f                               # a prefix of its previous step: it is just behind
+    want = next((t for t in ref[i:] if t[1] == other and t[2] == q), None)
+    # Where it went must be another call (another site; in a loop, another op or peer at the same site)
+    there = got[i][:3] == want[:3] if virtual else got[i][0] == want[0]
+    if want is None or there or any(t[1] == other and t[2] == q for t in got[i:]):
+        return f
+    x_site, x_op = got[i][0], got[i][3]
+    trace = ix.trace
+    prep = "from" if other == "recv" else "to"
+    went = f"{x_op}" + (f" {'to' if got[i][1] == 'send' else 'from'} rank {got[i][2]}" if got[i][2] >= 0 else "")
+    tail = (f"rank {q}'s {d.get('op_name', d['side'])} #{int(d['seq'])} (tag {int(d['tag'])}) "
+            f"{'to' if other == 'recv' else 'from'} it is never matched")
+    if virtual:
+        was = ref[i]
+        did = f"{was[3]}" + (f" {'to' if was[1] == 'send' else 'from'} rank {was[2]}" if was[2] >= 0 else "")
+        title = (f"{rank_label(trace, [r])} left its loop in iteration {s}: where its previous iteration posted "
+                 f"{did} ({was[0]}), it posted {went} ({x_site}) and never the {other} {prep} rank {q} "
+                 f"({want[0]}), so {tail}")
+    else:
+        title = (f"{rank_label(trace, [r])} skipped the {other} {prep} rank {q} at step {s} ({want[0]}): where its "
+                 f"step {s - 1} posted {want[3]} {prep} rank {q}, it went to {went} ({x_site}), so {tail}")
+    dep = {"step": s, "call_site": want[0], "went_site": x_site, "went_op": x_op, "position": i,
+           "basis": "loop" if virtual else "step"}
+    return replace(f, title=title, data={**d, "departure": dep, "call_site": want[0]},
+                   involved=sorted({r, q}))

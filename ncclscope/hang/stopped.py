@@ -1,0 +1,303 @@
+"""Two questions the wait-for graph cannot answer on its own, asked by diagnose.
+
+- `stopped_roots`: every rank stopped with no op in flight, yet the job had
+  more to do: groups were created that no collective ever used (pg_config
+  lists them), or, in a Flight Recorder dump whose pg_config is empty (gloo),
+  every rank's dump was written longer after its last op than that op's own
+  collective timeout (`timeout_ms`): each rank sat outside any collective for
+  longer than a collective may take, and something then dumped it (a watchdog,
+  a signal, the launcher). Nothing waits on anybody, so the graph finds no
+  root and the verdict would read OK; it must say what is known instead
+  (`no_op_in_flight`, "STOPPED"): where the ranks stopped, that no collective
+  was in flight, and what that leaves (the job hung or died outside
+  collectives, for example in group creation). A dump taken right after the
+  last op (a healthy job dumped on demand) has neither and stays OK.
+
+- `resolve_by_history`: a type/size/dtype vote the instance cannot decide. A
+  2-member group splits 1 vs 1, and when gloo aborts the innocent partner on a
+  size mismatch its record of the op dies with it, leaving the deviant alone.
+  Training repeats itself: each rank's own earlier calls on that group (from the
+  same call site where it has some there) say what the op should have been.
+  The rank whose op differs from everything it issued there before is the
+  deviant; the one that did what it always did is not. This works without
+  training steps, which Flight Recorder dumps do not carry.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pandas as pd
+
+from ncclscope import schema as S
+from ncclscope.findings import Evidence, Finding, InstanceRef
+from ncclscope.index.views import IndexLike, as_index
+from ncclscope.index.labels import fmt_ranks, rank_label
+from ncclscope.hang.wording import duration
+
+HISTORY_MIN = 2                 # earlier calls that must agree before a rank's history counts
+DUMP_MARKER = "flight_recorder_dump"   # ingest.flight_recorder.DUMP_MARKER: one row per dump, at its mtime
+_CATEGORIES = ("type", "size", "dtype")
+
+
+def fr_roots(source: IndexLike, roots: list[Finding], others: list[Finding]) -> tuple[list[Finding], list[Finding]]:
+    """(roots, others) for `diagnose.combine`, with what this module knows folded in:
+
+    - ties and lone records decided by history (`resolve_by_history`);
+    - a group-creation disagreement (ranks' views of a group's members differ, or one rank created its
+      groups in another order: group_order.py) about ranks the wait-for roots involve comes first:
+      groups built differently pair the wrong processes, and the hang or deadlock that follows is its
+      consequence (filed under it as supporting); with no wait-for root, the first error heads;
+    - the stopped job (`stopped_roots`) when nothing else is known.
+    """
+    others = resolve_by_history(source, others)
+    involved = {r for f in roots for r in f.involved_ranks}
+    views = [f for f in others if f.kind == "group_mismatch" and f.severity == "error"
+             and f.data.get("attribute") in ("members", "creation_order") and set(f.ranks) & involved]
+    if views:
+        head = views[0]
+        return [head], [f for f in others if f is not head] + roots
+    return roots + stopped_roots(source, roots + others), others
+
+
+# --------------------------------------------------------------------------
+# All ranks stopped, nothing in flight
+# --------------------------------------------------------------------------
+def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list[Finding]:
+    """A `no_op_in_flight` error when every rank stopped with nothing in flight before using the groups it made."""
+    ix = as_index(source)
+    if any(f.severity == "error" for f in roots or []):      # something specific is known: it speaks
+        return []
+    trace, coll = ix.trace, ix.coll
+    present = [r for r, info in trace.ranks.items() if info.present]
+    if not present or len(present) < len(trace.ranks):
+        return []
+    if all(trace.ranks[r].state == "finished" for r in present):   # a job that ended cleanly did not stop
+        return []
+    if len(ix.blocking) or (len(coll) and (coll["status"].astype(str) != S.STATUS_OK).any()):
+        return []
+    used = set(coll["process_group"].astype(str)) if len(coll) else set()
+    p2p = ix.p2p
+    if len(p2p):                                   # a group used for send/recv (CP's ring) was used
+        used |= set(p2p["process_group"].astype(str))
+    unused = sorted((n for n, g in ix.recorded.items() if g.kind != "world" and g.size >= 2 and n not in used),
+                    key=lambda n: (len(n), n))
+    idle = None if unused else _idle_before_dump(ix, present)
+    if not unused and (idle is None or not idle["idle"].any()):
+        return []
+    stopped, others, went = list(present), [], ""
+    if idle is not None and not idle["idle"].all():
+        # some ranks sat idle past their timeout while the others went on: the others' last ops must all
+        # come after the stopped ranks' (they passed where the stopped ones stopped), else nothing is said
+        stopped = sorted(int(r) for r in idle.index[idle["idle"]])
+        others = sorted(int(r) for r in idle.index[~idle["idle"]])
+        t_stop = int(idle.loc[stopped, "t"].max())
+        if int(idle.loc[others, "t"].min()) <= t_stop:
+            return []
+        later = coll[coll["rank"].isin(others).to_numpy() & (coll["start_ns"] > t_stop).to_numpy()]
+        gs = sorted(set(later["process_group"].astype(str)), key=lambda n: (len(n), n))
+        went = ", ".join(gs[:6]) + (f" and {len(gs) - 6} more" if len(gs) > 6 else "")
+    where = _last_ops(ix, stopped)
+    if others:
+        head = (f"{rank_label(trace, stopped)} stopped after {where}, no collective in flight, while "
+                f"{rank_label(trace, others)} went on to collectives on {went}: the stopped ranks hung or died "
+                f"outside collectives, for example in group creation")
+    else:
+        head = (f"all ranks stopped after {where}, no collective in flight: the job hung or died outside "
+                f"collectives, for example in group creation")
+    if unused:
+        shown = ", ".join(ix.label(n) for n in unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
+        title = (f"{head} ({len(unused)} process group{'s' if len(unused) != 1 else ''} {shown} "
+                 f"{'were' if len(unused) != 1 else 'was'} created but no collective ever ran on "
+                 f"{'them' if len(unused) != 1 else 'it'})")
+    else:
+        sub = idle.loc[stopped]
+        lo, hi, tmo = int(sub["gap"].min()), int(sub["gap"].max()), int(sub["tmo"].max())
+        span = duration(lo) if duration(lo) == duration(hi) else f"{duration(lo)} to {duration(hi)}"
+        whose = "every rank's" if not others else ("its" if len(stopped) == 1 else "their")
+        title = (f"{head} ({whose} Flight Recorder dump{'s were' if others and len(stopped) > 1 else ' was'} "
+                 f"written {span} after {'its' if not others or len(stopped) == 1 else 'their'} last op, "
+                 f"longer than {'its' if not others or len(stopped) == 1 else 'their'} {duration(tmo)} "
+                 f"collective timeout)")
+    ev = []
+    mine = coll[coll["rank"].isin(stopped).to_numpy()] if len(coll) else coll
+    last = mine.sort_values(["rank", "start_ns"]).drop_duplicates("rank", keep="last") if len(mine) else mine
+    for r in last.itertuples(index=False):
+        gap = f"; its dump came {duration(int(idle.at[int(r.rank), 'gap']))} later" if idle is not None else ""
+        ev.append(Evidence(rank=int(r.rank), note=f"last op {r.op_name} #{int(r.collective_seq_id)} on "
+                                                  f"{r.process_group}: {r.status}; nothing after it{gap}",
+                           op_name=str(r.op_name), process_group=str(r.process_group), seq=int(r.collective_seq_id),
+                           op_id=int(r.op_id), time_ns=int(r.start_ns)))
+    for r in sorted(set(stopped) - set(int(x) for x in last["rank"]) if len(last) else stopped):
+        ev.append(Evidence(rank=int(r), note="recorded no collective"))
+    if others:
+        on = coll[coll["rank"].isin(others).to_numpy()].sort_values(["rank", "start_ns"])
+        for r in on.drop_duplicates("rank", keep="last").head(8).itertuples(index=False):
+            ev.append(Evidence(rank=int(r.rank), note=f"went on: last op {r.op_name} #{int(r.collective_seq_id)} "
+                                                      f"on {r.process_group}: {r.status}, dumped right after it",
+                               op_name=str(r.op_name), process_group=str(r.process_group),
+                               seq=int(r.collective_seq_id), op_id=int(r.op_id), time_ns=int(r.start_ns)))
+    data = {"unused_groups": unused, "stopped_after": where}
+    if idle is not None:
+        sub = idle.loc[stopped]
+        data["idle_before_dump_s"] = [round(int(sub["gap"].min()) / 1e9, 3), round(int(sub["gap"].max()) / 1e9, 3)]
+        data["went_on"] = others
+    return [Finding(kind="no_op_in_flight", severity="error", title=title, ranks=sorted(int(r) for r in stopped),
+                    evidence=ev[:60], involved=sorted(int(r) for r in present), data=data)]
+
+
+def _idle_before_dump(ix, present: list[int]) -> pd.DataFrame | None:
+    """Per present rank (index): `t` its last collective's time, `gap` ns from it to the rank's dump, `tmo`
+    that op's timeout in ns, `idle` gap > tmo (the rank sat outside any collective longer than one may take).
+    None where that cannot be said for every rank: no dump markers (not a dump, or file times not trusted),
+    a rank without a marker or a collective, no usable time (wording.wait_ns), no timeout."""
+    ev, coll = ix.trace.events, ix.coll
+    if not len(ev) or not len(coll) or "timeout_ms" not in ix.trace.ops.columns:
+        return None
+    marks = ev[(ev["op_name"].astype(str) == DUMP_MARKER).to_numpy()]
+    if not len(marks):
+        return None
+    dumped = marks.groupby("rank", observed=True)["t_ns"].max()
+    dumped.index = dumped.index.astype("int64")
+    ops = ix.trace.ops
+    ops = ops[(ops["kind"].astype(str) == S.KIND_COLLECTIVE).to_numpy()]
+    last = ops.assign(t=ops[["start_ns", "end_ns"]].max(axis=1)).sort_values(["rank", "t"])
+    last = last.drop_duplicates("rank", keep="last").set_index("rank")
+    last.index = last.index.astype("int64")
+    per = pd.DataFrame({"dumped": dumped, "t": last["t"], "tmo": last["timeout_ms"] * 1_000_000}).reindex(present)
+    if per.isna().any(axis=None):                  # a rank without a marker or without a collective
+        return None
+    per = per.astype("int64")
+    per["gap"] = per["dumped"] - per["t"]
+    if not ((per["t"] > 0) & (per["tmo"] > 0) & (per["gap"] >= 0)).all():
+        return None
+    per["idle"] = per["gap"] > per["tmo"]
+    return per
+
+
+def _last_ops(ix, present: list[int]) -> str:
+    """"broadcast #1 on default_pg" when every rank's last op is the same instance, else a short list."""
+    coll = ix.coll
+    coll = coll[coll["rank"].isin(present).to_numpy()] if len(coll) else coll
+    if not len(coll):
+        return "recording nothing"
+    last = coll.sort_values(["rank", "start_ns"]).drop_duplicates("rank", keep="last")
+    keys = last.groupby(["op_name", "process_group", "collective_seq_id"], sort=False)["rank"].agg(list)
+    parts = [f"{op} #{int(k)} on {g}" + ("" if len(keys) == 1 else f" (ranks {fmt_ranks(rs)})")
+             for (op, g, k), rs in keys.items()]
+    missing = sorted(set(present) - set(int(r) for r in last["rank"]))
+    if missing:
+        parts.append(f"nothing ({rank_label(ix.trace, missing)})")
+    return "; ".join(parts[:4]) + (" ..." if len(parts) > 4 else "")
+
+
+# --------------------------------------------------------------------------
+# Ties and lone records decided by each rank's own history
+# --------------------------------------------------------------------------
+def _values(df: pd.DataFrame, cat: str) -> pd.Series:
+    if cat == "type":
+        red = df["reduce_op"].astype(str)
+        return df["op_name"].astype(str) + red.where(red == "", "(" + red + ")")
+    if cat == "size":
+        return df["input_sizes"].astype(str).str.replace(" ", "", regex=False)
+    return df["input_dtypes"].astype(str)
+
+
+def _history_value(coll: pd.DataFrame, row, cat: str) -> tuple[str, int, str] | None:
+    """(the value every earlier completed call of this rank on this group had, how many), from the
+    same call site where the rank has history there, else from all its calls on the group."""
+    h = coll[(coll["rank"] == row.rank) & (coll["process_group"] == row.process_group)
+             & (coll["collective_seq_id"] < row.collective_seq_id) & (coll["status"].astype(str) == S.STATUS_OK)]
+    same = h[h["call_site"] == row.call_site] if str(row.call_site) else h.iloc[0:0]
+    site = str(row.call_site) if len(same) >= HISTORY_MIN else ""
+    h = same if site else h
+    if len(h) < HISTORY_MIN:
+        return None
+    vals = _values(h, cat)
+    if vals.nunique() != 1 or (cat != "type" and (vals == "").any()):
+        return None
+    return str(vals.iloc[0]), len(h), site
+
+
+def _deviants(coll: pd.DataFrame, rows: pd.DataFrame, same_site: bool = False) -> dict[int, list[tuple[str, str, str, int, str]]]:
+    """rank -> [(category, its value, its history's value, n, site)] for the rows that break their own history
+    (site: the call site the history is from, "" when it is every call of the rank on the group)."""
+    out: dict[int, list[tuple[str, str, str, int, str]]] = {}
+    for row in rows.itertuples(index=False):
+        for cat in _CATEGORIES:
+            if cat == "size" and str(row.input_sizes) == "":
+                continue
+            hv = _history_value(coll, row, cat)
+            if hv is None or (same_site and not hv[2]):
+                continue
+            val = str(_values(pd.DataFrame([row._asdict()]), cat).iloc[0])
+            if val != hv[0]:
+                out.setdefault(int(row.rank), []).append((cat, val, *hv))
+    return out
+
+
+def resolve_by_history(source: IndexLike, findings: list[Finding]) -> list[Finding]:
+    """The collective findings with ambiguous ties decided by history, plus lone unfinished records that
+    break their rank's own history (the partner's record died with it)."""
+    ix = as_index(source)
+    coll, inst = ix.coll, ix.instances
+    if not len(coll):
+        return findings
+    out: list[Finding] = []
+    decided: set[tuple[str, int]] = set()
+    for f in findings:
+        if f.kind == "collective_mismatch" and f.data.get("ambiguous") and f.instance is not None:
+            g, k = f.instance.group, f.instance.seq
+            rows = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k)]
+            dev = _deviants(coll, rows)
+            if len(dev) == 1 and len(rows) > 1:
+                out.append(_history_finding(ix, g, k, rows, dev, base=f))
+                decided.add((g, k))
+                continue
+        out.append(f)
+    if len(inst):
+        lone = inst[(inst["n_began"] == 1) & (inst["n_notok"] > 0)]
+        for r in lone.itertuples(index=False):
+            g, k = str(r.process_group), int(r.seq)
+            if (g, k) in decided or len(ix.members.get(g, [])) < 2:
+                continue
+            rows = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k)]
+            dev = _deviants(coll, rows, same_site=True)     # alone: only its own call site's history speaks
+            if len(dev) == 1:
+                out.append(_history_finding(ix, g, k, rows, dev))
+                decided.add((g, k))
+    return out
+
+
+_WORD = {"type": "called", "size": "passed sizes", "dtype": "passed dtype"}
+
+
+def _history_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: dict, base: Finding | None = None) -> Finding:
+    trace, members = ix.trace, ix.members
+    (rank, diffs), = dev.items()
+    mine = rows[rows["rank"] == rank].iloc[0]
+    others = rows[rows["rank"] != rank].sort_values("rank")
+    parts = [f"{_WORD[c]} {v} where its own {n} earlier call{'s' if n != 1 else ''} on {g}"
+             f"{' from ' + site if site else ''} {'all ' if n > 1 else ''}"
+             f"{'called' if c == 'type' else 'passed'} {hv}" for c, v, hv, n, site in diffs]
+    title = f"{rank_label(trace, [rank])} deviates in {mine['op_name']} #{k} on {ix.label(g)}: " + "; ".join(parts)
+    if len(others):
+        title += f" ({rank_label(trace, others['rank'])} did what {'it' if len(others) == 1 else 'they'} always did there)"
+    absent = sorted(set(members.get(g, [])) - set(int(r) for r in rows["rank"]))
+    if absent:
+        title += f"; {rank_label(trace, absent)} left no record of #{k} (its record may have died with it)"
+    notok = rows[rows["status"].astype(str) != S.STATUS_OK]
+    ev = [Evidence(rank=int(rank), note="deviant: " + "; ".join(f"{c} {v} (its history: {hv} x{n})"
+                                                               for c, v, hv, n, _ in diffs) + f"; {mine['status']}",
+                   op_name=str(mine["op_name"]), process_group=g, seq=k, op_id=int(mine["op_id"]),
+                   time_ns=int(mine["start_ns"]))]
+    ev += [Evidence(rank=int(r.rank), note=f"consistent with its own history; {r.status}", op_name=str(r.op_name),
+                    process_group=g, seq=k, op_id=int(r.op_id), time_ns=int(r.start_ns))
+           for r in others.itertuples(index=False)]
+    data = dict(base.data) if base is not None else {"later_instances": 0}
+    data.update({"process_group": g, "seq": k, "categories": [c for c, *_ in diffs], "ambiguous": False,
+                 "deviant_ranks": [int(rank)], "unfinished": bool(len(notok)), "basis": "history",
+                 "absent_ranks": absent})
+    if base is not None:
+        return replace(base, title=title, ranks=[int(rank)], evidence=ev, data=data)
+    return Finding(kind="collective_mismatch", severity="error", title=title, ranks=[int(rank)], evidence=ev,
+                   instance=InstanceRef(g, k), data=data)

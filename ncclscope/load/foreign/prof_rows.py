@@ -1,0 +1,304 @@
+"""Profiler traces: one rank's interesting events -> rows in the events schema.
+
+Numbers from the trace go through `safe_io.to_float` / `to_int` and are
+bounded (a ts of 1e308 or a message of 10**30 elements is junk, not an
+OverflowError).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import re
+from typing import Any, Iterator
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ncclscope.load import safe_io
+from ncclscope import schema as S
+from ncclscope.load.foreign.prof_read import _C10D_P2P, _STEP_RE, UNKNOWN_GROUP, _microbatch
+from ncclscope.load.foreign.vocab import P2P_OPS, GroupNamer, dtype_itemsize, events_table, normalize_dtype, normalize_op, parse_ranks
+
+# --------------------------------------------------------------------------
+# One rank
+# --------------------------------------------------------------------------
+_KERNEL_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+?)(?:_|\(|$)(.*)")
+_KERNEL_OPS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
+               "Broadcast": "broadcast", "Reduce": "reduce", "SendRecv": "sendrecv", "Send": "send",
+               "Recv": "recv", "AllToAll": "all_to_all", "Generic": "nccl_generic"}
+_REDOPS = {"sum": "sum", "prod": "product", "max": "max", "min": "min", "avg": "avg", "premulsum": "premul_sum",
+           "sumpostdiv": "sum"}
+
+
+@functools.lru_cache(maxsize=4096)
+def _kernel_info(name: str) -> tuple[str, str, str]:
+    """(op, reduce_op, dtype) from an NCCL kernel name, e.g.
+    ncclDevKernel_AllReduce_Sum_f32_RING_LL -> all_reduce, sum, float32."""
+    m = _KERNEL_RE.match(name)
+    if not m:
+        return "nccl_kernel", "", ""
+    op = _KERNEL_OPS.get(m.group(1), normalize_op(m.group(1)))
+    redop, dtype = "", ""
+    for tok in re.split(r"[_(<,]", m.group(2)):
+        low = tok.lower()
+        if not redop and low in _REDOPS:
+            redop = _REDOPS[low]
+        elif not dtype and normalize_dtype(low) != low:
+            dtype = normalize_dtype(low)
+    return op, redop, dtype
+
+
+def _num(v: Any, default: float = -1.0) -> float:
+    """A finite float with |x| <= 1e18 from a trace field, else `default`."""
+    return safe_io.to_float(v, default, 1e18)
+
+
+_NS_LIMIT = 2**62
+
+
+def _clamp(x: int, lo: int = -_NS_LIMIT, hi: int = _NS_LIMIT) -> int:
+    return lo if x < lo else hi if x > hi else x
+
+
+def _dims_bytes(dims: Any, types: Any) -> tuple[str, str, int]:
+    """(input_sizes JSON, dtype, bytes) from the profiler's "Input Dims"/"Input type"."""
+    shapes = [d for d in dims if isinstance(d, list) and all(isinstance(x, int) for x in d)] if isinstance(dims, list) else []
+    tys = [normalize_dtype(t) for t in types if isinstance(t, str) and t] if isinstance(types, list) else []
+    tys = [t for t in tys if dtype_itemsize(t)]
+    total = 0
+    for i, shp in enumerate(shapes):
+        n = 1
+        for x in shp:
+            n = min(n * max(x, 0), _NS_LIMIT)
+        total = min(total + (n * dtype_itemsize(tys[min(i, len(tys) - 1)]) if tys else 0), _NS_LIMIT)
+    return json.dumps(shapes), ",".join(dict.fromkeys(tys)), total
+
+
+def _rank_rows(header: dict[str, Any], events: Iterator[dict[str, Any]], base_ns: int) -> dict[str, Any]:
+    """Pull the rows of one rank's trace out of its interesting events."""
+    comm: list[dict[str, Any]] = []
+    steps: list[tuple[int, int, int, bool]] = []          # (start_ns, end_ns, step, on_gpu)
+    mbs: list[tuple[int, int, str, int, int, bool]] = []  # (start, end, op, microbatch, stage, on_gpu)
+    p2p_calls: list[tuple[Any, int, str, int, int]] = []  # (tid, ts_ns, direction, peer, tag)
+    param_comms: list[dict[str, Any]] = []
+    kernels = 0
+    pid: Any = None
+
+    def ns(ts: Any) -> int:
+        return _clamp(base_ns + int(round(_num(ts, 0.0) * 1000.0)))
+
+    for ev in events:
+        cat, name = str(ev.get("cat", "")), str(ev.get("name", ""))
+        args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+        t0 = ns(ev.get("ts"))
+        t1 = _clamp(t0 + int(round(max(_num(ev.get("dur"), 0.0), 0.0) * 1000.0)))
+        if cat == "kernel":
+            kernels += 1
+            comm.append({"src": "kernel", "name": name, "args": args, "start": t0, "end": t1,
+                         "tid": ev.get("tid")})
+            continue
+        if cat == "cpu_op":
+            if name == "record_param_comms":
+                param_comms.append({"src": "param", "name": name, "args": args, "start": t0, "end": t1,
+                                    "tid": ev.get("tid")})
+            else:
+                conc = args.get("Concrete Inputs") if isinstance(args.get("Concrete Inputs"), list) else []
+                peer = int(_num(conc[2], -1)) if len(conc) > 2 else -1
+                tag = int(_num(conc[3], 0)) if len(conc) > 3 else 0
+                p2p_calls.append((ev.get("tid"), t0, _C10D_P2P[name], peer, tag))
+                pid = pid if pid is not None else ev.get("pid")
+            continue
+        gpu = cat == "gpu_user_annotation"
+        m = _STEP_RE.match(name)
+        if m:
+            steps.append((t0, t1, safe_io.to_int(m.group(1), -1, 0, 2**31 - 1), gpu))
+            if not gpu:
+                pid = pid if pid is not None else ev.get("pid")
+            continue
+        if name.startswith(("gloo:", "nccl:")):
+            if name.startswith("gloo:") and not gpu:
+                comm.append({"src": "gloo", "name": name, "args": args, "start": t0, "end": t1, "tid": ev.get("tid")})
+            continue
+        mb = _microbatch(name)
+        if mb is not None:
+            mbs.append((t0, t1, mb[0], mb[1], mb[2], gpu))
+    if kernels == 0 and param_comms:
+        comm.extend(param_comms)
+    elif kernels:
+        comm = [c for c in comm if c["src"] == "kernel"]
+    return {"comm": comm, "steps": steps, "mbs": mbs, "p2p_calls": p2p_calls, "pid": pid}
+
+
+def _containing(starts: np.ndarray, spans: list[tuple[int, int, Any]]) -> np.ndarray:
+    """Index into `spans` (sorted, non-overlapping start/end/...) of the span holding each start, or -1."""
+    if not spans or not len(starts):
+        return np.full(len(starts), -1, np.int64)
+    s0 = np.array([s[0] for s in spans], np.int64)
+    s1 = np.array([s[1] for s in spans], np.int64)
+    i = np.searchsorted(s0, starts, side="right") - 1
+    ok = (i >= 0) & (starts < s1[np.clip(i, 0, None)])
+    return np.where(ok, i, -1)
+
+
+def _comm_table(rank: int, rows: dict[str, Any], namer: GroupNamer, gloo_group: Any, world: int,
+                views: list[tuple[str, str, tuple[int, ...] | None, str]]) -> pa.Table:
+    comm = rows["comm"]
+    n = len(comm)
+    cols: dict[str, list[Any]] = {k: [] for k in ("kind", "op_name", "process_group", "peer", "tag",
+                                                  "bytes", "input_dtypes", "input_sizes", "reduce_op", "start", "end",
+                                                  "gpu", "explicit_seq")}
+    calls = sorted(rows["p2p_calls"], key=lambda c: c[1])
+    call_t = np.array([c[1] for c in calls], np.int64)
+    gloo_label = namer(*gloo_group) if gloo_group is not None else UNKNOWN_GROUP
+    labels: dict[tuple[str, str, str], str] = {}
+    members_of_gloo = sorted(gloo_group[2]) if gloo_group is not None and gloo_group[2] else None
+    for c in comm:
+        a = c["args"]
+        if c["src"] == "gloo":
+            op = normalize_op(c["name"])
+            sizes, dtype, nbytes = _dims_bytes(a.get("Input Dims"), a.get("Input type"))
+            group, redop, seq, peer, tag = gloo_label, "", -1, -1, -1
+            if op in P2P_OPS:
+                tag = 0
+                i = int(np.searchsorted(call_t, c["start"], side="right")) - 1
+                # the c10d call that issued it, on the same thread, just before
+                while i >= 0 and calls[i][0] != c["tid"]:
+                    i -= 1
+                if i >= 0 and calls[i][2] == ("send" if op.endswith("send") else "recv"):
+                    peer, tag = calls[i][3], calls[i][4]
+                    if members_of_gloo and 0 <= peer < len(members_of_gloo):
+                        peer = members_of_gloo[peer]
+                if peer < 0 and world == 2:
+                    peer = 1 - rank
+            gpu = False
+        else:
+            k_op, redop, k_dtype = _kernel_info(c["name"]) if c["src"] == "kernel" else ("", "", "")
+            op = normalize_op(a.get("Collective name")) if a.get("Collective name") else k_op
+            dtype = normalize_dtype(a.get("dtype")) if a.get("dtype") else k_dtype
+            nel = _num(a.get("In msg nelems"), -1)
+            nbytes = _clamp(int(nel * dtype_itemsize(dtype)), 0) if nel >= 0 else 0
+            sizes = json.dumps([[int(nel)]]) if nel >= 0 else "[]"
+            if "Process Group Name" in a:
+                key = (str(a.get("Process Group Name", "")), str(a.get("Process Group Description", "")),
+                       str(a.get("Process Group Ranks")))
+                group = labels.get(key)
+                if group is None:
+                    group = labels[key] = namer(key[0], key[1], parse_ranks(a.get("Process Group Ranks")))
+            elif len(views) == 1:
+                group = namer(views[0][0], views[0][1], views[0][2])
+            else:
+                group = UNKNOWN_GROUP
+            seq = int(_num(a.get("Seq"), -1))
+            members = parse_ranks(a.get("Process Group Ranks"))
+            peer, tag = -1, -1
+            if op in P2P_OPS:
+                tag = 0
+                raw = a.get("Dst Rank") if op.endswith("send") else a.get("Src Rank")
+                peer = int(_num(raw, -1))
+                if members and 0 <= peer < len(members) and rank in members and members != tuple(range(len(members))):
+                    peer = members[peer]
+                if peer < 0 and members and len(members) == 2 and rank in members:
+                    peer = members[0] if members[1] == rank else members[1]
+            gpu = c["src"] == "kernel"
+        cols["kind"].append(S.KIND_P2P if op in P2P_OPS else S.KIND_COLLECTIVE)
+        cols["op_name"].append(op)
+        cols["process_group"].append(group)
+        cols["explicit_seq"].append(seq)
+        cols["peer"].append(peer)
+        cols["tag"].append(tag)
+        cols["bytes"].append(nbytes)
+        cols["input_dtypes"].append(dtype)
+        cols["input_sizes"].append(sizes)
+        cols["reduce_op"].append(redop)
+        cols["start"].append(c["start"])
+        cols["end"].append(c["end"])
+        cols["gpu"].append(gpu)
+
+    # compute rows from microbatch annotations (CPU ones; GPU copies only if there are no CPU ones)
+    mbs = [m for m in rows["mbs"] if not m[5]] or [m for m in rows["mbs"] if m[5]]
+    for t0, t1, op, mb, stage, gpu in mbs:
+        cols["kind"].append(S.KIND_COMPUTE)
+        cols["op_name"].append(op)
+        cols["process_group"].append("")
+        cols["explicit_seq"].append(-1)
+        cols["peer"].append(-1)
+        cols["tag"].append(-1)
+        cols["bytes"].append(0)
+        cols["input_dtypes"].append("")
+        cols["input_sizes"].append("")
+        cols["reduce_op"].append("")
+        cols["start"].append(t0)
+        cols["end"].append(t1)
+        cols["gpu"].append(gpu)
+    df = pd.DataFrame(cols)
+    n = len(df)
+    if n == 0:
+        return S.EVENTS_SCHEMA.empty_table()
+    df = df.sort_values(["start", "end"], kind="stable").reset_index(drop=True)
+    df["op_id"] = np.arange(1, n + 1)
+
+    # sequence numbers: per group in start order where the trace gives none
+    is_coll = (df["kind"] == S.KIND_COLLECTIVE).to_numpy()
+    seq = df["explicit_seq"].to_numpy().copy()
+    counted = df[is_coll].groupby("process_group", sort=False).cumcount().to_numpy() + 1
+    coll_seq = np.where(seq[is_coll] >= 0, seq[is_coll], counted)
+    cseq = np.full(n, -1, np.int64)
+    cseq[is_coll] = coll_seq
+    is_p2p = (df["kind"] == S.KIND_P2P).to_numpy()
+    pseq = np.full(n, -1, np.int64)
+    if is_p2p.any():
+        sub = df[is_p2p]
+        direction = np.where(sub["op_name"].str.endswith("send"), "send", "recv")
+        pseq[is_p2p] = sub.assign(_d=direction).groupby(["_d", "peer"], sort=False).cumcount().to_numpy() + 1
+
+    # step / microbatch / stage by containment
+    starts = df["start"].to_numpy()
+    gpu = df["gpu"].to_numpy()
+    step = np.full(n, -1, np.int64)
+    cpu_steps = sorted((s for s in rows["steps"] if not s[3]), key=lambda s: s[0])
+    gpu_steps = sorted((s for s in rows["steps"] if s[3]), key=lambda s: s[0]) or cpu_steps
+    for spans, mask in ((cpu_steps, ~gpu), (gpu_steps, gpu)):
+        idx = _containing(starts[mask], spans)
+        step[mask] = np.where(idx >= 0, np.array([s[2] for s in spans] or [-1])[np.clip(idx, 0, None)], -1)
+    microbatch = np.full(n, -1, np.int64)
+    stage = np.full(n, -1, np.int64)
+    is_comp = (df["kind"] == S.KIND_COMPUTE).to_numpy()
+    spans_mb = sorted(((m[0], m[1], m[3], m[4]) for m in mbs), key=lambda s: s[0])
+    if spans_mb:
+        idx = _containing(starts, spans_mb)
+        mb_arr = np.array([s[2] for s in spans_mb])
+        st_arr = np.array([s[3] for s in spans_mb])
+        microbatch = np.where(idx >= 0, mb_arr[np.clip(idx, 0, None)], -1)
+        stage = np.where(idx >= 0, st_arr[np.clip(idx, 0, None)], -1)
+    cols_out = {
+        "rank": rank, "op_id": df["op_id"].to_numpy(), "kind": df["kind"].to_numpy(object),
+        "op_name": df["op_name"].to_numpy(object), "process_group": df["process_group"].to_numpy(object),
+        "collective_seq_id": cseq, "p2p_seq_id": pseq, "peer": df["peer"].to_numpy(), "tag": df["tag"].to_numpy(),
+        "bytes": df["bytes"].to_numpy(), "input_dtypes": df["input_dtypes"].to_numpy(object),
+        "input_sizes": df["input_sizes"].to_numpy(object), "reduce_op": df["reduce_op"].to_numpy(object),
+        "step": step, "microbatch": microbatch, "stage": stage,
+    }
+    del is_comp
+    begin = events_table({**cols_out, "phase": S.PHASE_BEGIN, "time_ns": starts}, n)
+    end = events_table({**cols_out, "phase": S.PHASE_END, "time_ns": df["end"].to_numpy(), "status": S.STATUS_OK}, n)
+    return pa.concat_tables([begin, end])
+
+
+def _metrics_table(rank: int, steps: list[tuple[int, int, int, bool]]) -> pa.Table:
+    cpu = sorted((s for s in steps if not s[3]), key=lambda s: s[0]) or sorted(steps, key=lambda s: s[0])
+    n = len(cpu)
+    if n == 0:
+        return S.METRICS_SCHEMA.empty_table()
+    nan = np.full(n, np.nan)
+    cols = {
+        "rank": pa.array(np.full(n, rank, np.int32)), "step": pa.array(np.array([s[2] for s in cpu], np.int32)),
+        "time_ns": pa.array(np.array([s[0] for s in cpu], np.int64)),
+        "step_time_s": pa.array(np.array([(s[1] - s[0]) / 1e9 for s in cpu], np.float64)),
+        "loss": pa.array(nan), "grad_norm_local": pa.array(nan), "grad_norm_global": pa.array(nan),
+        "grad_norm_reduced": pa.array(nan),
+        "param_checksum": pa.array(nan), "memory_bytes": pa.array(np.full(n, -1, np.int64)),
+        "tokens": pa.array(np.full(n, -1, np.int64)), "expert_load": pa.array([[]] * n, pa.list_(pa.int64())),
+        "dropped_tokens": pa.array(np.full(n, -1, np.int64)), "extra": pa.array(['{"source": "ProfilerStep"}'] * n),
+    }
+    return pa.Table.from_arrays([cols[name] for name in S.METRIC_COLUMNS], schema=S.METRICS_SCHEMA)

@@ -1,0 +1,190 @@
+"""PyTorch profiler traces (Chrome trace JSON, optionally gzipped) -> Trace.
+
+    ncclscope analyze ./profiles/      # one <name>.pt.trace.json[.gz] per rank
+
+What is read from each rank's trace (everything else is skipped unparsed):
+- communication ops: on GPU traces the NCCL kernels (`ncclKernel_*`,
+  `ncclDevKernel_*`, cat "kernel"), whose args carry "Collective name",
+  "Process Group Name/Description/Ranks", "In msg nelems", "dtype",
+  "Src Rank"/"Dst Rank" for p2p; on CPU traces (gloo) the `gloo:*`
+  user annotations, with "Input Dims"/"Input type" when record_shapes was on,
+  and the peer of a send/recv from the `c10d::send` / `c10d::recv_` op that
+  issued it. Where a GPU trace has no kernels, `record_param_comms` CPU ops
+  stand in;
+- steps: `ProfilerStep#N` spans (schedule + `prof.step()`) -> `step` on every
+  row inside, and one metrics row per step with its duration;
+- microbatches: `torch.distributed.pipelining` annotations (`PP:1F3`,
+  `Forward 3`, `Backward 3`) and names like `forward_mb3` / `bwd 3` -> compute
+  rows with step, microbatch and stage, the shape the bubble analysis needs.
+
+The rank comes from `distributedInfo.rank`, else from the file name
+(`rank3`, `rank_3`, `...3.pt.trace.json`). Times: `baseTimeNanoseconds` +
+ts (µs) is the wall clock, comparable across ranks on one host (on several
+hosts, as good as their NTP). Profiler traces hold finished ops only.
+
+Speed: kineto writes one event per indented block, so the reader finds the
+interesting events with one regex pass over the text and json-parses only
+those (usually well under 1% of a trace); any other layout falls back to a
+full `json.loads`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ncclscope.load import safe_io
+from ncclscope.load.trace import RankInfo, Trace, TraceError, assemble
+from ncclscope.load.foreign.prof_read import SNIFF_BYTES, UNKNOWN_GROUP, _header_and_events, _read_bytes, rank_from_name, sniff, trace_files
+from ncclscope.load.foreign.prof_rows import _comm_table, _kernel_info, _metrics_table, _num, _rank_rows
+from ncclscope.load.foreign.vocab import GroupNamer, group_kind, parse_ranks
+
+__all__ = ["load_profiler", "sniff", "trace_files", "rank_from_name", "SNIFF_BYTES", "UNKNOWN_GROUP", "_kernel_info"]
+
+# --------------------------------------------------------------------------
+# Loader
+# --------------------------------------------------------------------------
+def load_profiler(path: str | Path) -> Trace:
+    """Load a directory of per-rank profiler traces (or one trace file)."""
+    root = Path(path)
+    if root.is_dir():
+        files = trace_files(root)
+        if not files:
+            raise TraceError(f"{root}: no PyTorch profiler traces (*.json / *.json.gz with traceEvents)")
+    elif root.is_file():
+        files = [root]
+    else:
+        raise TraceError(f"{root}: no such file or directory")
+    warnings: list[str] = []
+    parsed: dict[int, tuple[Path, dict[str, Any], dict[str, Any], int]] = {}
+    pending: list[tuple[Path, dict[str, Any], dict[str, Any], int]] = []
+    cap = safe_io.plausible_world(1, len(files), len(files) - 1)     # no rank or member at or past this
+    for f in files:
+        try:
+            text = _read_bytes(f)
+            header, events = _header_and_events(text, f)
+            base_ns = safe_io.to_int(header.get("baseTimeNanoseconds"), 0, -(2**62), 2**62)
+            rows = _rank_rows(header, events, base_ns)
+        except TraceError as exc:
+            warnings.append(f"{exc}; skipped")
+            continue
+        except Exception as exc:   # noqa: BLE001 - a hostile file costs itself, not the analysis
+            warnings.append(f"{f}: unusable ({type(exc).__name__}: {safe_io.short(exc)}); skipped")
+            continue
+        del text
+        info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+        rank = safe_io.to_int(info.get("rank"), -1, 0, cap - 1) if info else -1
+        if rank < 0:
+            r = rank_from_name(f.name)
+            rank = r if r is not None and r < cap else -1
+        if rank < 0 or rank in parsed:
+            if rank in parsed:
+                warnings.append(f"{f}: rank {rank} already read from {parsed[rank][0].name}; assigned a free rank")
+            pending.append((f, header, rows, base_ns))
+            continue
+        parsed[rank] = (f, header, rows, base_ns)
+    for f, header, rows, base_ns in pending:
+        rank = next(r for r in range(len(parsed) + len(pending) + 1) if r not in parsed)
+        warnings.append(f"{f}: no distributedInfo and no rank in the file name; read as rank {rank}")
+        parsed[rank] = (f, header, rows, base_ns)
+    if not parsed:
+        first = f" ({warnings[0]})" if warnings else ""
+        raise TraceError(f"{root}: no readable profiler trace{first}")
+
+    world = max(parsed) + 1
+    for _, header, _, _ in parsed.values():
+        info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+        declared = safe_io.to_int(info.get("world_size"), 0)
+        if declared >= cap:
+            warnings.append(f"distributedInfo says world_size {declared} next to {len(files)} trace file(s); "
+                            "not believed")
+            declared = 0
+        world = max(world, declared)
+    missing_base = [r for r, v in parsed.items() if v[3] == 0]
+    if missing_base and len(parsed) > 1:
+        warnings.append(f"ranks {missing_base[:8]}: trace has no baseTimeNanoseconds; times taken as absolute µs")
+
+    # groups: distributedInfo pg_config (+ what NCCL kernel args name) -----------------------------
+    group_views: dict[int, list[tuple[str, str, tuple[int, ...] | None, str]]] = {}
+    for r, (_, header, rows, _) in parsed.items():
+        info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+        backend = str(info.get("backend", ""))
+        views = []
+        for pg in info.get("pg_config", []) if isinstance(info.get("pg_config"), list) else []:
+            if isinstance(pg, dict):
+                members = parse_ranks(pg.get("ranks"))
+                if members and max(members) >= cap:
+                    members = None
+                views.append((str(pg.get("pg_name", "")), str(pg.get("pg_desc", "")), members, backend))
+        group_views[r] = views
+    namer_items = {(g, d, m) for views in group_views.values() for g, d, m, _ in views}
+    for r, (_, _, rows, _) in parsed.items():
+        for c in rows["comm"]:
+            a = c["args"]
+            if "Process Group Name" in a:
+                namer_items.add((str(a.get("Process Group Name", "")), str(a.get("Process Group Description", "")),
+                                 parse_ranks(a.get("Process Group Ranks"))))
+    namer = GroupNamer(namer_items)
+
+    tables, metric_tables, group_rows = [], [], []
+    ranks: dict[int, RankInfo] = {}
+    multi_pg_gloo = False
+    for r, (f, header, rows, base_ns) in sorted(parsed.items()):
+        views = group_views.get(r, [])
+        default = next(((g, d, m) for g, d, m, _ in views if d == "default_pg"), None)
+        only = (views[0][0], views[0][1], views[0][2]) if len(views) == 1 else None
+        gloo_group = only or (None if len(views) > 1 else default)
+        if rows["comm"] and any(c["src"] == "gloo" for c in rows["comm"]) and len(views) > 1:
+            multi_pg_gloo = True
+        table = _comm_table(r, rows, namer, gloo_group, world, views)
+        tables.append(table)
+        metric_tables.append(_metrics_table(r, rows["steps"]))
+        dev = header.get("deviceProperties")
+        device = str(dev[0].get("name", "")) if isinstance(dev, list) and dev and isinstance(dev[0], dict) else "cpu"
+        ranks[r] = RankInfo(rank=r, present=True, host=str(header.get("host_name", "")),
+                            pid=int(_num(rows["pid"], -1)) if isinstance(rows["pid"], (int, float, str)) else -1,
+                            device=device, end_status="ok")
+        for order, (g, d, m, backend) in enumerate(views):
+            if m is None:
+                continue
+            label = namer(g, d, m)
+            group_rows.append({"rank": r, "process_group": label, "group_kind": group_kind(d, g),
+                               "ranks": [int(x) for x in m], "creation_order": order, "backend": backend})
+        if not rows["comm"]:
+            warnings.append(f"{f}: no communication ops found (no NCCL kernels, gloo:* annotations or "
+                            "record_param_comms)")
+    if multi_pg_gloo:
+        warnings.append("gloo profiler traces do not say which process group a collective ran on; with "
+                        f"several groups they are all attributed to '{UNKNOWN_GROUP}' and numbered per rank "
+                        "in start order, so per-group alignment may be off")
+    _pipeline_from_annotations(parsed, ranks, group_rows, warnings)
+    for r in range(world):
+        if r not in ranks:
+            ranks[r] = RankInfo(rank=r, present=False)
+            warnings.append(f"rank {r}: no profiler trace; analyzing the other ranks")
+    run = {"source": "torch_profiler", "world_size": world, "files": {str(r): str(v[0]) for r, v in parsed.items()},
+           "backend": ",".join(sorted({b for views in group_views.values() for *_, b in views if b}))}
+    return assemble(root, run, world, ranks, tables, metric_tables, None, group_rows, None, warnings)
+
+
+def _pipeline_from_annotations(parsed: dict[int, Any], ranks: dict[int, RankInfo], group_rows: list[dict[str, Any]],
+                               warnings: list[str]) -> None:
+    """torch.distributed.pipelining names its actions "PP:<stage><F|B|I|W><mb>": the
+    stage each rank runs is then known even when no process group is tagged as the
+    pipeline one. Record it as the rank's pp coordinate and, when the trace names no
+    pp group, add one (members in stage order) so the bubble analysis can run."""
+    stage_of: dict[int, int] = {}
+    for r, (_, _, rows, _) in parsed.items():
+        stages = [m[4] for m in rows["mbs"] if m[4] >= 0]
+        if stages:
+            stage_of[r] = min(stages)
+            ranks[r].coords["pp"] = min(stages)
+    if len(stage_of) < 2 or any(g["group_kind"] == "pp" for g in group_rows):
+        return
+    members = sorted(stage_of, key=lambda r: (stage_of[r], r))
+    order = 1 + max((g["creation_order"] for g in group_rows), default=-1)
+    for r in members:
+        group_rows.append({"rank": r, "process_group": "pp", "group_kind": "pp", "ranks": members,
+                           "creation_order": order, "backend": ""})
+    warnings.append(f"pipeline stages taken from PP:<stage>... annotations: pp group {members} (no process group "
+                    "in the traces is tagged as the pipeline one)")
+

@@ -1,0 +1,412 @@
+"""Load a run directory into tables, tolerating whatever a dying job left behind.
+
+A hung or killed job leaves torn Arrow streams, missing rank directories,
+half-written JSON and ranks that never said goodbye. None of that may stop the
+analysis: each problem becomes one line in `Trace.warnings` that says what and
+where, and everything else is still loaded. Nothing in the run directory is
+ever written to.
+
+Tables (pandas, one row per record, all ranks concatenated):
+- `events`  : raw begin/end/instant rows (schema.EVENTS_SCHEMA) plus `t_ns`,
+              the time aligned to rank 0's clock.
+- `ops`     : one row per op (begin joined with its end): `start_ns`,
+              `end_ns` (-1 if the op never ended), `duration_ns`, `status`
+              ("inflight" when there is no end row) and the begin row's fields.
+- `metrics`, `samples`, `groups` as in the schema.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+
+from ncclscope.load import safe_io
+from ncclscope import schema as S
+
+from ncclscope.load.foreign.errors import TraceError
+from ncclscope.load.fr_merge import FR_FILE, FR_NCCL_PREFIX, merge_rank
+from ncclscope.load.columns import _CATEGORICAL, conform_table, STATUS_INFLIGHT, _aligned, _columns, _Columns, _equals, _fill_ints, _force_rank  # noqa: F401,E501
+from ncclscope.load.heap import copy_on_write, no_hugepages, trim
+from ncclscope.load.opsjoin import build_ops
+from ncclscope.load.groupviews import GROUP_ROW_BUDGET, GroupViews, _parse_view  # noqa: F401
+from ncclscope.load.ipc_read import read_stream, read_stream_lazy  # noqa: F401  (read_stream: moved, re-exported)
+
+
+@dataclass
+class RankInfo:
+    """What is known about one rank, from rank.json and run.json."""
+
+    rank: int
+    present: bool = False                  # its directory exists
+    host: str = ""
+    pid: int = -1
+    device: str = ""
+    clock_offset_ns: int = 0               # add to local time to get rank 0's time
+    clock_uncertainty_ns: int = 0
+    host_cpus: int = 0                     # cores the rank's process could use (0: not recorded)
+    coords: dict[str, int] = field(default_factory=dict)   # tp/cp/dp/pp/ep index
+    end_status: str = ""                   # rank.json "end": ok | error | "" (never ended)
+    end_message: str = ""
+    exitcode: int | None = None            # from run.json (launcher); None if unknown
+    signal: str | None = None              # e.g. "SIGKILL" when killed by a signal
+    stopped_by_launcher: bool = False      # still running when the launcher ended the job
+    # call site -> (function name, its def line), from rank.json `call_sites` (the runtime's own traces)
+    call_sites: dict[str, tuple[str, int]] = field(default_factory=dict)
+
+    @property
+    def died(self) -> bool:
+        """A signal or an error ended the process (state killed or failed), not the launcher's stop."""
+        return self.state in ("killed", "failed")
+
+    @property
+    def state(self) -> str:
+        """finished | failed | killed | stopped | unknown | missing: how the process ended.
+
+        "stopped" means the rank was still alive (hung or waiting) when the
+        launcher (or torchrun's agent, or a scheduler's SIGTERM) ended the job;
+        "killed" means a signal ended it first."""
+        if not self.present:
+            return "missing"
+        if self.signal and not self.stopped_by_launcher:
+            return "killed"
+        terminated = self.end_status == "error" and self.end_message == S.END_TERMINATED
+        if self.stopped_by_launcher or terminated:
+            # SIGTERM's evidence path ended it: the job was being stopped (after another rank's
+            # failure, or by a scheduler), which is not a failure of this rank's own
+            return "failed" if self.end_status == "error" and not terminated else "stopped"
+        if self.exitcode is not None and self.exitcode != 0:
+            return "failed"
+        if self.end_status == "ok" or self.exitcode == 0:
+            return "finished"
+        if self.end_status == "error":
+            return "failed"
+        return "unknown"
+
+
+@dataclass
+class Trace:
+    path: Path
+    run: dict[str, Any]
+    world_size: int
+    ranks: dict[int, RankInfo]
+    events: pd.DataFrame
+    ops: pd.DataFrame
+    metrics: pd.DataFrame
+    samples: pd.DataFrame
+    groups: pd.DataFrame
+    stacks: dict[int, str]
+    warnings: list[str]
+    group_views: "GroupViews | None" = None
+
+    @property
+    def present_ranks(self) -> list[int]:
+        return sorted(r for r, info in self.ranks.items() if info.present)
+
+    @property
+    def end_ns(self) -> int:
+        """Latest aligned time seen anywhere in the trace (the 'now' of a post-mortem)."""
+        t = int(self.events["t_ns"].max()) if len(self.events) else 0
+        if len(self.samples):
+            t = max(t, int(self.samples["time_ns"].max()))
+        return t
+
+    def group_members(self) -> dict[str, list[int]]:
+        """Group name -> member ranks, taking the view most ranks agree on."""
+        if self.group_views is not None:
+            return self.group_views.majority()
+        views = GroupViews()
+        views.add_rows(self.groups.to_dict("records"))
+        return views.majority()
+
+    def last_heartbeat_ns(self) -> dict[int, int]:
+        hb = self.events[self.events["op_name"] == S.HEARTBEAT]
+        return {int(r): int(t) for r, t in hb.groupby("rank", observed=True)["t_ns"].max().items()}
+
+
+def _empty(schema: pa.Schema) -> pa.Table:
+    return schema.empty_table()
+
+
+def _read_json(path: Path | str, warnings: list[str], root: Path | None = None) -> dict[str, Any]:
+    """A JSON object from a regular file of bounded size, through the guarded
+    parser (safe_io.loads); {} with one warning for anything else. A declared
+    world size is bounded by the rank directories on disk (`_bound_world`);
+    `root`: the run directory of a rank.json, when the caller knows it (saves pathlib's parents)."""
+    from ncclscope.load import safe_io
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError):
+        pass       # read_bytes words the error
+    try:
+        data = safe_io.read_json(path)
+    except safe_io.InputError as exc:
+        warnings.append(f"{exc}; ignored")
+        return {}
+    if not isinstance(data, dict):
+        warnings.append(f"{path}: expected a JSON object, got {type(data).__name__}; ignored")
+        return {}
+    name = os.path.basename(path)
+    if name in (S.RUN_JSON, S.RANK_JSON) and "world_size" in data:
+        if root is None:
+            p = Path(path)
+            root = p.parent if name == S.RUN_JSON else p.parent.parent
+        _bound_world(data, root, path, warnings)
+    return data
+
+
+_DIRS_CACHE: dict[str, tuple[int, dict[int, Path], int]] = {}
+
+
+def _rank_dirs_cached(root: Path) -> dict[int, Path]:
+    """_rank_dirs(root), listed once per directory state (its mtime) instead of once per rank.json:
+    every rank.json of a 16,384-rank run asks, and 16,384 listings of 16,384 entries took minutes."""
+    return _rank_dirs_entry(root)[0]
+
+
+def _rank_dirs_entry(root: Path) -> tuple[dict[int, Path], int]:
+    """(_rank_dirs(root), its highest rank or 0), cached as `_rank_dirs_cached` says: the highest rank is
+    kept with the listing because every rank.json asks for it (max over 16,384 keys, 16,384 times: 6 s)."""
+    try:
+        stamp = os.stat(root).st_mtime_ns
+    except (OSError, ValueError):
+        ranks = _rank_dirs(root, [])
+        return ranks, (max(ranks) if ranks else 0)
+    hit = _DIRS_CACHE.get(str(root))
+    if hit is None or hit[0] != stamp:
+        _DIRS_CACHE.clear()          # one run at a time
+        ranks = _rank_dirs(root, [])
+        hit = _DIRS_CACHE[str(root)] = (stamp, ranks, max(ranks) if ranks else 0)
+    return hit[1], hit[2]
+
+
+def _bound_world(data: dict[str, Any], root: Path, where: Path, warnings: list[str]) -> None:
+    """Replace a declared world_size no rank directory layout supports (2**31
+    next to four directories) by the highest rank on disk + 1, with a warning."""
+    from ncclscope.load import safe_io
+    declared = _int(data.get("world_size"), 0)
+    if declared <= 4096:
+        return
+    ranks, highest = _rank_dirs_entry(root)
+    cap = safe_io.plausible_world(declared, len(ranks), highest)
+    if declared > cap:
+        warnings.append(f"{where}: says world_size {declared}, but {len(ranks)} rank directories are on disk "
+                        f"(highest rank {highest}); using {highest + 1}")
+        data["world_size"] = highest + 1
+
+
+_int = safe_io.trace_int     # an int from input, bounded to |x| <= 2**53, else the default
+
+
+def _call_sites(value: Any, limit: int = 100_000) -> dict[str, tuple[str, int]]:
+    """rank.json `call_sites` ({site: [function, def line]}); entries of any other shape are dropped."""
+    out: dict[str, tuple[str, int]] = {}
+    if not isinstance(value, dict):
+        return out
+    for site, v in list(value.items())[:limit]:
+        if isinstance(site, str) and isinstance(v, list) and len(v) == 2 and isinstance(v[0], str):
+            first = _int(v[1])
+            if first >= 0:
+                out[site] = (v[0], first)
+    return out
+
+
+def _rank_dirs(path: Path, warnings: list[str]) -> dict[int, Path]:
+    """rank -> its directory, for every rank-N directory with a plausible N: a
+    30-digit name or a stray rank-1000000000 next to four real directories is
+    skipped with a warning instead of making a world of a billion ranks."""
+    from ncclscope.load.safe_io import MAX_RANK
+    found: dict[int, Path] = {}
+    try:
+        entries = sorted(path.iterdir(), key=lambda e: e.name)   # Path order within one directory, by name
+    except OSError as exc:
+        warnings.append(f"{path}: cannot list ({safe_io.short(exc)})")
+        return found
+    for entry in entries:
+        if entry.name.startswith("rank-") and entry.is_dir():
+            name = entry.name[5:]
+            r = _int(name, -1) if name.isdigit() and len(name) <= 12 else -1
+            if r < 0 or r > MAX_RANK:
+                warnings.append(f"{entry}: not a rank directory name; skipped")
+                continue
+            found[r] = entry
+    limit = max(8 * len(found), 4096)
+    stray = [r for r in found if r >= limit]
+    for r in sorted(stray):
+        warnings.append(f"{found[r]}: rank {r} is far beyond the {len(found)} rank directories here; skipped")
+        del found[r]
+    return found
+
+
+def _listing(d: str) -> frozenset[str] | None:
+    """The names in a rank directory (None when it cannot be listed): one listdir answers "is there a
+    stacks.txt, a Flight Recorder dump" for the whole directory, where each question was a stat or a
+    listing of its own (16,384 ranks: 2.4 s in fr_merge.dump_path's listing alone)."""
+    try:
+        return frozenset(os.listdir(d))
+    except (OSError, ValueError):
+        return None
+
+
+def _has(names: frozenset[str] | None, d: str, name: str) -> bool:
+    """Path(d, name).exists(), without the stat when the listing says it is not there."""
+    if names is not None and name not in names:
+        return False
+    return os.path.exists(f"{d}/{name}")
+
+
+def _has_dump(names: frozenset[str] | None) -> bool:
+    """Whether `fr_merge.dump_path` could find a dump among `names` (True when unknown: then it looks)."""
+    if names is None:
+        return True
+    return any(n == FR_FILE or (n.startswith(FR_NCCL_PREFIX) and not n.endswith(".tmp")) for n in names)
+
+
+def _load_rank(r: int, d: Path, root: Path, ranks: dict[int, RankInfo], views: GroupViews, stacks: dict[int, str],
+               tables: tuple[_Columns, _Columns, _Columns], warnings: list[str]) -> int:
+    """One rank directory into `ranks`, `views`, `stacks` and the column engines (`load`'s loop body).
+
+    Paths are plain strings (str(d / name) is f"{d}/{name}" for a rank directory of `_rank_dirs`): at
+    16,384 ranks pathlib's joins alone cost 2 s. Every warning reads as before. Returns the world size
+    the rank's rank.json declares (0: none)."""
+    ds = str(d)
+    names = _listing(ds)
+    rank_json = f"{ds}/{S.RANK_JSON}"
+    meta = _read_json(rank_json, warnings, root=root) if names is None or S.RANK_JSON in names else {}
+    if meta and _int(meta.get("rank"), r) != r:
+        warnings.append(f"{rank_json}: says rank {meta.get('rank')} but lives in {d.name}; using {r}")
+    end = meta.get("end") if isinstance(meta.get("end"), dict) else {}
+    coords = meta.get("coords") if isinstance(meta.get("coords"), dict) else {}
+    ranks[r] = RankInfo(
+        rank=r, present=True, host=str(meta.get("host", "")), pid=_int(meta.get("pid")),
+        device=str(meta.get("device", "")),
+        clock_offset_ns=_int(meta.get("clock_offset_ns"), 0),
+        clock_uncertainty_ns=_int(meta.get("clock_uncertainty_ns"), 0),
+        host_cpus=max(_int(meta.get("host_cpus"), 0), 0),
+        coords={str(k): _int(v) for k, v in coords.items()},
+        end_status=str(end.get("status", "")), end_message=str(end.get("message", "")),
+        call_sites=_call_sites(meta.get("call_sites")),
+    )
+    gpath = f"{ds}/{S.GROUPS_JSON}"
+    if _has(names, ds, S.GROUPS_JSON):
+        try:
+            views.add(r, safe_io.read_bytes(gpath, safe_io.JSON_LIMIT), warnings, gpath)
+        except (OSError, ValueError) as exc:     # safe_io.InputError: not a regular file, too big
+            warnings.append(f"{gpath}: unreadable ({safe_io.short(exc)}); this rank's group view is unknown")
+    elif isinstance(meta.get("groups"), list):   # traces written before groups.json
+        views.add(r, meta["groups"], warnings, rank_json)
+    event_tables, metric_tables, sample_tables = tables
+    epath = f"{ds}/{S.EVENTS_FILE}"
+    dump = _has_dump(names)
+    # a rank with a dump has its rows read by merge_rank: those come in the schema (no lazy fill)
+    ev, absent = read_stream_lazy(epath, S.EVENTS_SCHEMA, warnings, lazy=not dump)
+    if dump:
+        ev = merge_rank(d, ev, warnings)      # ncclscope run: Flight Recorder-only ops (none without a dump)
+    if absent:
+        warnings.append(f"{epath}: missing (the rank wrote no events)")
+    event_tables.add(ev, rank=r)          # every row's rank is r (force_rank), set once per batch
+    del ev
+    metric_tables.add(read_stream_lazy(f"{ds}/{S.METRICS_FILE}", S.METRICS_SCHEMA, warnings)[0], rank=r)
+    sample_tables.add(read_stream_lazy(f"{ds}/{S.SAMPLES_FILE}", S.SAMPLES_SCHEMA, warnings)[0], rank=r)
+    if _has(names, ds, S.STACKS_FILE):
+        spath = f"{ds}/{S.STACKS_FILE}"
+        try:
+            stacks[r] = safe_io.read_text(spath)
+        except (OSError, ValueError) as exc:
+            warnings.append(f"{spath}: unreadable ({safe_io.short(exc)}); no stacks for rank {r}")
+    return _int(meta.get("world_size"), 0)
+
+
+def load(path: str | os.PathLike[str]) -> Trace:
+    """Load a run directory. Raises TraceError only when nothing can be analyzed."""
+    root = Path(path)
+    no_hugepages()          # big fresh arrays from here on: heap.no_hugepages says why
+    if not root.exists():
+        raise TraceError(f"{root}: no such directory")
+    if not root.is_dir():
+        raise TraceError(f"{root}: not a directory (expected a run directory with rank-NNNNN/ inside)")
+    warnings: list[str] = []
+    run = _read_json(root / S.RUN_JSON, warnings)
+    dirs = _rank_dirs(root, warnings)
+    if not dirs:
+        raise TraceError(f"{root}: no rank-NNNNN directories (is this a run directory?)")
+
+    ranks: dict[int, RankInfo] = {}
+    # each rank's tables become compact columns as soon as they are read (its read buffers go at once)
+    event_tables, metric_tables, sample_tables = (_Columns(S.EVENTS_SCHEMA), _Columns(S.METRICS_SCHEMA),
+                                                  _Columns(S.SAMPLES_SCHEMA))
+    views = GroupViews()
+    stacks: dict[int, str] = {}
+    world_size = _int(run.get("world_size"), 0)
+    for r, d in dirs.items():
+        declared = _load_rank(r, d, root, ranks, views, stacks, (event_tables, metric_tables, sample_tables),
+                              warnings)
+        world_size = max(world_size, declared)
+
+    exits = run.get("ranks") if isinstance(run.get("ranks"), dict) else {}
+    world_size = max(world_size, max(dirs) + 1)
+    for r in range(world_size):
+        if r not in ranks:
+            ranks[r] = RankInfo(rank=r, present=False)
+            warnings.append(f"{root}: rank {r} has no directory {S.rank_dir_name(r)}; analyzing the other ranks")
+        ex = exits.get(str(r)) if isinstance(exits, dict) else None
+        if isinstance(ex, dict):
+            code = ex.get("exitcode")
+            ranks[r].exitcode = code if isinstance(code, int) else None
+            sig = ex.get("signal")
+            ranks[r].signal = str(sig) if sig else None
+            ranks[r].stopped_by_launcher = bool(ex.get("stopped_by_launcher", False))
+
+    views.resolve(warnings)
+    return assemble(root, run, world_size, ranks, event_tables, metric_tables, sample_tables, None,
+                    stacks, warnings, group_views=views)
+
+
+def assemble(
+    path: Path, run: dict[str, Any], world_size: int, ranks: dict[int, RankInfo],
+    event_tables: "list[pa.Table] | _Columns", metric_tables: "list[pa.Table] | _Columns | None" = None,
+    sample_tables: "list[pa.Table] | _Columns | None" = None, group_rows: list[dict[str, Any]] | None = None,
+    stacks: dict[int, str] | None = None, warnings: list[str] | None = None,
+    group_views: GroupViews | None = None,
+) -> Trace:
+    """Build a Trace from Arrow tables in the schema; used by `load` and by the
+    foreign-format readers in `ingest/`, so every analysis sees one shape.
+    The table lists are consumed (emptied) to keep peak memory near one copy."""
+    no_hugepages()
+    # begin rows first: the ops columns are then views of them (`_Columns.frame`, `opsjoin.ops_from_join`)
+    events = _fill_ints(_columns(event_tables, S.EVENTS_SCHEMA).frame(lead=("phase", S.PHASE_BEGIN)),
+                        S.EVENTS_SCHEMA)
+    offsets = {r: int(info.clock_offset_ns) for r, info in ranks.items()}
+    if any(offsets.values()):
+        events["t_ns"] = _aligned(events["time_ns"].to_numpy(), events["rank"].to_numpy(), offsets)
+    else:        # one clock (one host, a dump): t_ns is time_ns, one buffer under copy-on-write
+        events["t_ns"] = events["time_ns"] if copy_on_write() else events["time_ns"].copy()
+    metrics = _fill_ints(_columns(metric_tables, S.METRICS_SCHEMA).frame(), S.METRICS_SCHEMA)
+    samples = _fill_ints(_columns(sample_tables, S.SAMPLES_SCHEMA).frame(), S.SAMPLES_SCHEMA)
+    if len(samples):
+        samples["time_ns"] = _aligned(samples["time_ns"].to_numpy(), samples["rank"].to_numpy(), offsets)
+    if len(metrics):
+        metrics["time_ns"] = _aligned(metrics["time_ns"].to_numpy(), metrics["rank"].to_numpy(), offsets)
+    if group_views is None:
+        group_views = GroupViews()
+        group_views.add_rows(group_rows or [])
+    groups = group_views.table()
+    ops = build_ops(events)
+    trim()
+    return Trace(
+        group_views=group_views,
+        path=path, run=run, world_size=world_size, ranks=dict(sorted(ranks.items())), events=events,
+        ops=ops, metrics=metrics, samples=samples, groups=groups, stacks=stacks or {},
+        warnings=warnings if warnings is not None else [],
+    )
+
+
+def force_rank(table: pa.Table, rank: int) -> pa.Table:
+    """Trust the directory, not the rows: a hostile file cannot claim another rank. (`load` has the column
+    engine do it per batch: `_Columns.add(table, rank=r)`.)"""
+    return _force_rank(table, rank)
