@@ -1,0 +1,121 @@
+"""`--follow` on healthy live jobs: does the live verdict ever cry wolf? (issue 25, class 10)
+
+    OMP_NUM_THREADS=1 python benchmarks/follow_watch.py                       # three layouts, 200 s each
+    OMP_NUM_THREADS=1 python benchmarks/follow_watch.py --minutes 10 --layouts dp4,pp2dp2,tp2dp2
+
+For each layout it starts a healthy `ncclscope train` job sized to outlast the watch, and polls its run
+directory every `--poll-s` seconds exactly as `ncclscope tui RUN --follow` does: `Follower.poll()` (only
+the appended batches), the one verdict composer on the extended trace, then the live hold
+(`tui.follow.hold_premature_hang`). A poll whose live headline is a hang or mismatch verdict (ALARMS) is a false
+verdict: it is printed with its poll number
+and the live note. When the watch ends the job is stopped (its process group gets SIGTERM, then
+SIGKILL) and the totals are printed: polls, false verdicts, the worst poll time.
+
+Exit 0 when no poll gave a false verdict, 1 otherwise. Every job has a hard deadline: it cannot hang.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+LAYOUTS = {
+    "dp4": ["--dp", "4"],
+    "pp2dp2": ["--pp", "2", "--dp", "2", "--microbatches", "4"],
+    "tp2dp2": ["--tp", "2", "--dp", "2"],
+    "cp2pp2": ["--cp", "2", "--pp", "2", "--microbatches", "4", "--schedule", "gpipe"],
+}
+# the verdicts a live view must not cry while the job is healthy: the hang and mismatch kinds (performance
+# and numerics warnings are facts of the run the post-mortem says too, and are not counted)
+ALARMS = ("HANG", "DEADLOCK", "DEAD RANK", "STUCK IN COMPUTE", "STOPPED", "MISMATCH", "WRONG GROUP",
+          "GROUP MISMATCH", "UNMATCHED P2P", "SCHEDULE DEVIATION")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def watch(layout: str, seconds: float, poll_s: float, out: Path) -> tuple[int, list[str], float]:
+    """Polls, false verdicts (one line each), the slowest poll in seconds."""
+    from ncclscope.tui.follow import Follower, hold_premature_hang
+    from ncclscope.verdict.compose import run as compose
+
+    steps = max(20, int(seconds * 4))           # more steps than the watch can see end
+    cmd = [sys.executable, "-m", "ncclscope", "train", *LAYOUTS[layout], "--steps", str(steps),
+           "--timeout-s", "30", "--out", str(out)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                            start_new_session=True)
+    false: list[str] = []
+    polls, worst = 0, 0.0
+    try:
+        t_end = time.monotonic() + seconds
+        while not (out / "rank-00000").is_dir() and time.monotonic() < t_end and proc.poll() is None:
+            time.sleep(0.2)
+        fol = Follower(out)
+        while time.monotonic() < t_end and proc.poll() is None:
+            t0 = time.monotonic()
+            try:
+                if fol.poll():
+                    trace = fol.trace()
+                    analysis, note = hold_premature_hang(compose(trace), trace)
+                    polls += 1
+                    if analysis.verdict.startswith(ALARMS):
+                        false.append(f"{layout} poll {polls}: {analysis.verdict[:160]} ({note or 'no hold'})")
+                        print("  FALSE " + false[-1], file=sys.stderr, flush=True)
+            except Exception as exc:  # a torn read: the next poll reads the whole batch
+                print(f"  poll error: {type(exc).__name__}: {exc}", file=sys.stderr)
+            dt = time.monotonic() - t0
+            worst = max(worst, dt)
+            time.sleep(max(0.0, poll_s - dt))
+    finally:
+        _stop(proc)
+    return polls, false, worst
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--layouts", default="dp4,pp2dp2,tp2dp2")
+    ap.add_argument("--seconds", type=float, default=200.0, help="watch time per layout")
+    ap.add_argument("--minutes", type=float, default=None, help="watch time per layout, in minutes")
+    ap.add_argument("--poll-s", type=float, default=1.0)
+    args = ap.parse_args()
+    seconds = args.minutes * 60 if args.minutes else args.seconds
+    total_polls, total_false = 0, []
+    with tempfile.TemporaryDirectory(prefix="follow_watch_") as tmp:
+        for layout in args.layouts.split(","):
+            if layout not in LAYOUTS:
+                print(f"follow_watch: unknown layout {layout!r} (choose from {', '.join(LAYOUTS)})",
+                      file=sys.stderr)
+                return 2
+            polls, false, worst = watch(layout, seconds, args.poll_s, Path(tmp) / layout)
+            print(f"{layout:8s} polls {polls:4d}  false verdicts {len(false):3d}  slowest poll {worst:.2f} s",
+                  flush=True)
+            total_polls += polls
+            total_false += false
+    print(f"total    polls {total_polls:4d}  false verdicts {len(total_false):3d}")
+    for line in total_false:
+        print("  " + line)
+    return 0 if not total_false else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Accuracy on programs nobody here wrote: random SPMD torch.distributed programs with known bugs.
+
+    OMP_NUM_THREADS=1 python benchmarks/random_programs.py --seed 1 --count 30 --healthy 8 --out /tmp/rp1
+    OMP_NUM_THREADS=1 python benchmarks/random_programs.py --seed 2 --count 6 --only skip,wrong_peer
+    python benchmarks/random_programs.py --seed 1 --count 4 --dry-run --out /tmp/rp   # write programs only
+
+Each program (benchmarks/randprog/generator.py: plain torch.distributed on gloo, no ncclscope code in
+it) carries one bug from the catalogue (benchmarks/randprog/catalogue.py) or none, and a ground truth
+JSON beside it. It runs under `ncclscope run` (one job at a time, hard deadline, whole process group
+reaped), and is judged twice: from the run directory, and from the Flight Recorder dumps alone (the
+`nccl_trace_rank_N` files a plain torchrun user would have; none for a rank that died). Prints the
+accuracy per bug class and evidence source (root rank, cause, file:line); every miss is kept as a
+reproducer directory (script, truth.json, analyze JSON, run and FR directories) under OUT/misses/.
+A faulty program whose job nevertheless ended cleanly on every rank is "silent" (the bug did not
+change what gloo did) and is left out of the scores, listed instead.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from randprog.catalogue import BUG_NAMES, CATALOGUE, HEALTHY  # noqa: E402
+from randprog.generator import generate  # noqa: E402
+from randprog.runner import analyze, run_job  # noqa: E402
+from randprog.scorer import judge  # noqa: E402
+
+SOURCES = ("run", "fr")
+
+
+def plan(seed: int, count: int, healthy: int, only: list[str]) -> list[str]:
+    """The bug class of each program: every class in turn (a seeded order), then the healthy ones."""
+    classes = [c for c in BUG_NAMES if not only or c in only]
+    rng = random.Random(f"plan:{seed}")
+    order = classes[:]
+    rng.shuffle(order)
+    return [order[i % len(order)] for i in range(count)] + [HEALTHY] * healthy
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def mark(r: dict | None) -> str:
+    if r is None:
+        return "-"
+    if r.get("false_alarm") is not None:
+        return "ok" if r["right"] else "FALSE-ALARM"
+    s = ("R" if r["root"] else "r") + ("C" if r["cause"] else "c") + ("" if r["line"] is None else "L" if r["line"] else "l")
+    return s
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--count", type=int, default=16, help="faulty programs (the classes in turn)")
+    ap.add_argument("--healthy", type=int, default=4, help="healthy programs (no bug)")
+    ap.add_argument("--out", default="", help="folder for results and misses (default: a new temp folder)")
+    ap.add_argument("--max-world", type=int, default=8, help="largest world size drawn (2-16; favours 2-6)")
+    ap.add_argument("--only", default="", help="comma-separated bug classes: " + ",".join(BUG_NAMES))
+    ap.add_argument("--timeout-s", type=float, default=150.0, help="hard limit per job")
+    ap.add_argument("--keep-all", action="store_true", help="keep every program's directory, not only misses")
+    ap.add_argument("--dry-run", action="store_true", help="write the programs and their truth; run nothing")
+    ns = ap.parse_args(argv)
+    only = [c for c in ns.only.split(",") if c]
+    bad = [c for c in only if c not in CATALOGUE and c != HEALTHY]
+    if bad:
+        ap.error(f"unknown classes {bad}; known: {', '.join(BUG_NAMES)}")
+    out = Path(ns.out) if ns.out else Path(tempfile.mkdtemp(prefix=f"randprog-s{ns.seed}-"))
+    out.mkdir(parents=True, exist_ok=True)
+    work_root = out / "work"
+    bugs = plan(ns.seed, ns.count, ns.healthy, only)
+    log(f"randprog: seed {ns.seed}, {len(bugs)} programs, out {out}")
+    results: list[dict] = []
+    t_all = time.monotonic()
+    for index, bug in enumerate(bugs):
+        prog = generate(ns.seed, index, bug, max_world=min(16, max(2, ns.max_world)))
+        t = prog.truth
+        work = work_root / t.name
+        if ns.dry_run:
+            work.mkdir(parents=True, exist_ok=True)
+            (work / prog.filename).write_text(prog.source)
+            (work / "truth.json").write_text(json.dumps(t.to_json(), indent=1))
+            log(f"[{index + 1}/{len(bugs)}] {t.name} world {t.world}: {t.detail}")
+            continue
+        job = run_job(prog, work, ns.timeout_s)
+        row: dict = {"name": t.name, "bug": bug, "world": t.world, "culprits": t.culprits, "detail": t.detail,
+                     "lines": t.lines, "took_s": round(job.took_s, 1), "stopped": job.stopped,
+                     "exits": job.exits, "fr_ranks": job.fr_ranks, "fr_left_out": job.fr_left_out}
+        silent = bug != HEALTHY and CATALOGUE[bug].hangs and job.all_clean
+        failed_healthy = bug == HEALTHY and not job.all_clean
+        row["silent"], row["healthy_job_failed"] = silent, failed_healthy
+        for src in SOURCES:
+            path = work / "run" if src == "run" else work / "fr"
+            if src == "fr" and not job.fr_ranks:
+                row[src] = {"source": src, "right": False, "root": False, "cause": False, "line": None,
+                            "kind": "", "ranks": [], "verdict": "(no Flight Recorder dump)", "no_dumps": True}
+                if bug == HEALTHY:
+                    row[src]["false_alarm"] = False
+                continue
+            rc, rep = analyze(path, work / f"analyze_{src}.json")
+            row[src] = judge(t, prog.filename, rc, rep, src, job.fr_left_out)
+        results.append(row)
+        miss = not silent and not failed_healthy and not all(row[s]["right"] for s in SOURCES)
+        row["miss"] = miss
+        if miss:
+            dst = out / "misses" / t.name
+            if dst.exists():
+                shutil.rmtree(dst)
+            shutil.copytree(work, dst)
+        if not ns.keep_all:
+            shutil.rmtree(work, ignore_errors=True)
+        tag = "SILENT " if silent else "JOBFAIL" if failed_healthy else "miss   " if miss else "ok     "
+        log(f"[{index + 1}/{len(bugs)}] {tag} {t.name:28s} w{t.world} {job.took_s:5.1f}s "
+            f"run {mark(row['run']):4s} {row['run']['kind'] or '-':20s} {row['run']['ranks']} | "
+            f"fr {mark(row['fr']):4s} {row['fr']['kind'] or '-':20s} {row['fr']['ranks']} | truth {t.culprits} {t.detail}")
+        with open(out / "results.jsonl", "a") as fh:
+            fh.write(json.dumps(row) + "\n")
+    if ns.dry_run:
+        return 0
+    report = table(results, ns.seed)
+    print(report)
+    (out / "summary.txt").write_text(report + "\n")
+    log(f"randprog: {len(results)} programs in {time.monotonic() - t_all:.0f} s; misses under {out / 'misses'}")
+    return 0
+
+
+def table(results: list[dict], seed: int) -> str:
+    lines = [f"seed {seed}: {len(results)} programs (silent bugs and failed healthy jobs left out of the scores)",
+             "", f"{'class':14s} {'n':>3s} {'excl':>4s} | " + " | ".join(
+                 f"{s + ' root':>8s} {'cause':>6s} {'right':>6s} {'line':>6s}" for s in SOURCES)]
+    by: dict[str, list[dict]] = defaultdict(list)
+    for r in results:
+        by[r["bug"]].append(r)
+    tot = {s: [0, 0, 0, 0, 0, 0] for s in SOURCES}       # root, cause, right, line hits, line judged, n
+    for bug in list(BUG_NAMES) + [HEALTHY]:
+        rows = by.get(bug, [])
+        if not rows:
+            continue
+        scored = [r for r in rows if not r["silent"] and not r["healthy_job_failed"]]
+        cells = []
+        for s in SOURCES:
+            n = len(scored)
+            root = sum(r[s]["root"] for r in scored)
+            cause = sum(r[s]["cause"] for r in scored)
+            right = sum(r[s]["right"] for r in scored)
+            judged = [r for r in scored if r[s].get("line") is not None]
+            line = sum(bool(r[s]["line"]) for r in judged)
+            if bug == HEALTHY:
+                cells.append(f"{'':>8s} {'':>6s} {right:>3d}/{n:<2d} {'-':>6s}")
+            else:
+                lcell = f"{line}/{len(judged)}" if judged else "-"
+                cells.append(f"{root:>5d}/{n:<2d} {cause:>3d}/{n:<2d} {right:>3d}/{n:<2d} {lcell:>6s}")
+            t = tot[s]
+            t[0] += root; t[1] += cause; t[2] += right; t[3] += line; t[4] += len(judged); t[5] += n
+        lines.append(f"{bug:14s} {len(rows):3d} {len(rows) - len(scored):4d} | " + " | ".join(cells))
+    cells = []
+    for s in SOURCES:
+        root, cause, right, line, judged, n = tot[s]
+        cells.append(f"{root:>5d}/{n:<2d} {cause:>3d}/{n:<2d} {right:>3d}/{n:<2d} {line:>3d}/{judged:<2d}")
+    lines.append(f"{'total':14s} {len(results):3d} {'':4s} | " + " | ".join(cells))
+    fa = [r for r in results if r["bug"] == HEALTHY]
+    if fa:
+        lines.append("healthy: right = no error finding and exit code 0; warned (a warning only): "
+                     + ", ".join(f"{r['name']}[{s}]" for r in fa for s in SOURCES if r[s].get("warned")) or "none")
+    silent = [r["name"] for r in results if r["silent"]]
+    failed = [r["name"] for r in results if r["healthy_job_failed"]]
+    if silent:
+        lines.append("silent (bug changed nothing gloo did; not scored): " + ", ".join(silent))
+    if failed:
+        lines.append("healthy jobs that failed by themselves (not scored): " + ", ".join(failed))
+    lines.append("")
+    lines.append("misses:")
+    for r in results:
+        if not r.get("miss"):
+            continue
+        for s in SOURCES:
+            x = r[s]
+            if x["right"]:
+                continue
+            lines.append(f"  {r['name']} [{s}] truth {r['bug']} ranks {r['culprits']} lines {r['lines']}: "
+                         f"got {x.get('kind') or '-'} {x.get('ranks')} (root {'ok' if x['root'] else 'WRONG'}, "
+                         f"cause {'ok' if x['cause'] else 'WRONG'}, line {x.get('line')}) :: {x.get('verdict', '')[:160]}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
