@@ -84,7 +84,7 @@ def _plain_ddp(cfg, rank: int, group):
     import torch
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from ncclscope.runtime.data import global_batch, shard
+    from ncclscope.runtime.corpus import global_batch, shard
     from ncclscope.runtime.reference import make_model
 
     model = DDP(make_model(cfg), process_group=group)
@@ -114,7 +114,7 @@ def _plain_pipeline(cfg, rank: int, group, schedule: str):
     import torch.nn.functional as F
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-    from ncclscope.runtime.data import global_batch
+    from ncclscope.runtime.corpus import global_batch
     from ncclscope.runtime.reference import make_model
 
     full = make_model(cfg)

@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/run_overhead.py                     # both, ~3 min
     OMP_NUM_THREADS=1 python benchmarks/run_overhead.py --pairs 200 --only step
     OMP_NUM_THREADS=1 python benchmarks/run_overhead.py --baseline /tmp/old_usertrace   # before/after, one run
+    OMP_NUM_THREADS=1 python benchmarks/run_overhead.py --only nan --pairs 80 --ops 5000   # the NaN check's cost
 
 Targets: DDP example step traced / untraced <= 1.02x; <= 20 us added per tiny all_reduce.
 
@@ -28,6 +29,12 @@ Built for a shared, loaded machine (2 cores, other jobs' load changing within a 
 - Per op (4 floats, one gloo rank: nothing but the call is timed): every block
   is a fresh process forked from this warm one, untraced a plain job, traced
   with the bootstrap's whole setup, Flight Recorder included.
+- NaN check (`--only nan`; also in the full run): the per-op blocks again, with
+  two traced kinds, the tracer as `ncclscope run` installs it (its finiteness
+  check of each reducing op's input on, runtime/usertrace/nancheck.py) and the
+  same tracer with `--no-nan-check`, interleaved U C N U N C U ...; each against
+  its untraced neighbours, and the check's own cost: in each round, the checked
+  block minus the unchecked one (healthy tensors: the check never fires).
 - Each step (op) is timed. Figures per block: the mean (everything, other load
   included: the direct figure, whose interval gives the verdict), and a
   conservative one: the 10th percentile step (an undisturbed step: the
@@ -139,7 +146,7 @@ def _init(rank: int, world: int, store_dir: str) -> None:
 def _tracer_class(kind: str, baseline: str) -> type:
     """The current Tracer, or --baseline's: a single-file tracer.py, or a copy of the whole
     runtime/usertrace/ package (a directory), imported under a name of its own."""
-    if kind != "baseline":
+    if kind != "baseline":   # current, nocheck (the current tracer with its NaN check off)
         from ncclscope.runtime.usertrace.tracer import Tracer
         return Tracer
     import importlib
@@ -183,7 +190,8 @@ def _setup(kind: str, rank: int, world: int, store_dir: str, baseline: str) -> C
     rec.context.step = 0
     rec.write_meta(local_rank=rank, launcher="bench", script="bench", argv=["bench"], config={})
     sampler = Sampler(rec, rank, announce=False).start()
-    tracer = _tracer_class(kind, baseline)(rec, rank, world, timeout_s=60).install()
+    extra = {"nan_check": "off"} if kind == "nocheck" else {}
+    tracer = _tracer_class(kind, baseline)(rec, rank, world, timeout_s=60, **extra).install()
     if hasattr(tracer, "watch_sigterm"):
         tracer.watch_sigterm()
     _init(rank, world, store_dir)   # through the tracer's wrapper, as the script's own call would be
@@ -470,6 +478,28 @@ def _report_op(blocks: list[dict[str, Any]], kinds: list[str], ns: argparse.Name
     return out
 
 
+def _report_nan(blocks: list[dict[str, Any]], ns: argparse.Namespace) -> dict[str, Any]:
+    """The tracer with and without its NaN check against untraced, and the check's own cost per op: in
+    each round (the traced blocks between two untraced ones) the checked block minus the unchecked one."""
+    out = _report_op(blocks, ["current", "nocheck"], ns)
+    rounds: list[dict[str, Any]] = []
+    for b in blocks:
+        if b["kind"] == "untraced":
+            rounds.append({})
+        elif rounds and b.get("result") is not None:
+            rounds[-1][b["kind"]] = b
+    for field in ("wall", "robust"):
+        diffs = [(field_of(r["current"], field) - field_of(r["nocheck"], field)) * 1e6
+                 for r in rounds if "current" in r and "nocheck" in r]
+        out[f"check_{field}"] = diff_summary(diffs) if diffs else None
+    w, rb = out["check_wall"], out["check_robust"]
+    if w is not None:
+        print(f"nan check (finiteness of a reducing op's input, 4 floats, healthy): {w['n']} rounds; added per "
+              f"op {w['median']:.2f} us [{w['lo']:.2f}, {w['hi']:.2f}] over the tracer with --no-nan-check "
+              f"(undisturbed op: {rb['median']:.2f} us [{rb['lo']:.2f}, {rb['hi']:.2f}])")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pairs", type=int, default=100, help="traced blocks per tracer, step part "
@@ -477,7 +507,8 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=150, help="timed DDP steps per block")
     ap.add_argument("--ops", type=int, default=20000, help="timed all_reduce calls per block")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps (x25: ops) per block first")
-    ap.add_argument("--only", choices=["op", "step"], default=None)
+    ap.add_argument("--only", choices=["op", "step", "nan"], default=None,
+                    help="one part: the DDP step, the tiny all_reduce, or the NaN check's cost per all_reduce")
     ap.add_argument("--baseline", default="", metavar="PATH",
                     help="another tracer (a copy of runtime/usertrace/, or a single-file tracer.py) measured "
                     "in the same run, blocks interleaved")
@@ -495,24 +526,29 @@ def main() -> int:
           f"figures: medians of the paired blocks, [{LEVEL:.0%} interval] (moving-block bootstrap)")
     report: dict[str, Any] = {"args": vars(ns), "load_start": load0}
     status = 0
-    for what in ("step", "op"):
+    for what in ("step", "op", "nan"):
         if ns.only not in (None, what):
             continue
         t0 = time.monotonic()
+        part_kinds = ["current", "nocheck"] if what == "nan" else kinds
         if what == "step":
             blocks = step_experiment(ns.pairs, kinds, ns.steps, ns.warmup, baseline)
         else:
-            blocks = experiment(op_block, 1, max(8, ns.pairs // 4), kinds, (ns.ops, ns.warmup * 25, baseline), "op")
+            blocks = experiment(op_block, 1, max(8, ns.pairs // 4), part_kinds, (ns.ops, ns.warmup * 25, baseline),
+                                what)
         report[f"{what}_blocks"] = blocks
         lost = sum(b.get("result", 0) is None for b in blocks)
         if lost:
             print(f"{what}: {lost} of {len(blocks)} blocks lost (a rank failed or ran past its deadline)")
             status = 1
         if not any(b["result"] for b in blocks if b["kind"] == "untraced") or \
-                not all(any(b["result"] for b in blocks if b["kind"] == k) for k in kinds):
+                not all(any(b["result"] for b in blocks if b["kind"] == k) for k in part_kinds):
             print(f"{what}: no complete blocks of some kind: no figure")
             continue
-        report[what] = (_report_step if what == "step" else _report_op)(blocks, kinds, ns)
+        if what == "nan":
+            report[what] = _report_nan(blocks, ns)
+        else:
+            report[what] = (_report_step if what == "step" else _report_op)(blocks, kinds, ns)
         report[f"{what}_seconds"] = round(time.monotonic() - t0, 1)
     for kind in kinds:
         if "step" in report and kind in report["step"]:
@@ -524,6 +560,11 @@ def main() -> int:
             w = report["op"][kind]["wall"]
             print(f"VERDICT per op <= {OP_TARGET_US:g} us, {kind} tracer: {verdict(w['lo'], w['hi'], OP_TARGET_US)} "
                   f"({w['median']:.1f} us [{w['lo']:.1f}, {w['hi']:.1f}])")
+    if report.get("nan", {}).get("check_wall"):
+        w = report["nan"]["check_wall"]
+        print(f"VERDICT nan check per op: {w['median']:.2f} us [{w['lo']:.2f}, {w['hi']:.2f}] on top of the tracer; "
+              f"traced op with it {report['nan']['current']['wall']['median']:.1f} us added -> "
+              f"{verdict(report['nan']['current']['wall']['lo'], report['nan']['current']['wall']['hi'], OP_TARGET_US)}")
     load1 = os.getloadavg()
     report["load_end"] = load1
     print(f"load average at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")

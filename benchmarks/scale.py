@@ -55,7 +55,8 @@ def child(run: str, out: str, profile: bool = False) -> int:
     rows say where the time and memory go."""
     import resource
     t0 = time.perf_counter()
-    from ncclscope.cli.main import _json_report, run_analyses
+    from ncclscope.cli.commands import run_analyses
+    from ncclscope.cli.output import json_report
     from ncclscope.load.foreign import load_any
     stages: list[tuple[str, float, float, float, float]] = []
     sampler = _Sampler() if profile else None
@@ -72,7 +73,7 @@ def child(run: str, out: str, profile: bool = False) -> int:
         t2, c2 = time.perf_counter(), time.process_time()     # analyze_s: analysis.run on the warm index
     analysis = run_analyses(trace)
     t3, c3 = time.perf_counter(), time.process_time()
-    report = _json_report(trace, analysis)
+    report = json_report(trace, analysis)
     # the stages reset the kernel's high-water mark, which the parent's rusage reads too: say the peak here
     peak = max([load_peak] + [row[3] for row in stages] + ([sampler.peak] if sampler is not None else []))
     report["timing"] = {"import_s": t1 - t0, "load_s": load_s, "analyze_s": t3 - t2,

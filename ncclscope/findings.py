@@ -9,14 +9,21 @@ are enums (str-valued, so `f.kind == "deadlock"` and the JSON stay as they
 were), and the payloads other modules read — the collective instance a
 finding is about, the instances the waiters are blocked in, the ranks
 involved, the wait summary, the root rank's stack, what a headline explains —
-are typed fields. `data` keeps only analysis-specific extras that nothing but
-the JSON output reads. `to_json` writes the typed fields back under their old
-`data` keys, so the JSON shape does not change; a finding built with one of
-those keys in `data` raises, so a producer cannot bypass the typed field.
+are typed fields. So is the causal link between findings: `Cause` says what a
+finding claims to cause and on what basis (`CauseBasis`: a skip in the rank's
+own sequence, a late arrival, a departure from its routine, ...), with the
+wrong call, the ranks that died inside the instance, the p2p poster and absent
+side; `verdict.diagnose` reads only that record to decide which finding
+explains which. `data` keeps analysis-specific extras (the op a finding is
+about, its call site, categories) for the JSON output and the faces. `to_json`
+writes the typed fields back under their old `data` keys, in the order each
+analysis laid out (`Finding.layout`), so the JSON does not change byte for
+byte; a finding built with one of those keys in `data` raises, so a producer
+cannot bypass the typed field.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -157,10 +164,122 @@ class Explains:
     ranks: tuple[int, ...]
 
 
+class CauseBasis(_StrEnum):
+    """What a causal claim rests on (the JSON's `basis`)."""
+
+    # a collective mismatch: the instance's own majority, or the rank's own earlier calls
+    INSTANCE = "instance"
+    HISTORY = "history"
+    # a skip (skips.py): its call sites out of sequence with its previous step, the step's census,
+    # its stack dump (exactly / ahead of the skipped call), its traceback, its last compute span
+    SEQUENCE = "sequence"
+    CENSUS = "census"
+    STACK = "stack"
+    STACK_AHEAD = "stack-ahead"
+    TRACEBACK = "traceback"
+    SPAN = "span"
+    # a wrong group: the call site's usual group; a group the rank is not a member of
+    CALL_SITE = "call_site"
+    NOT_MEMBER = "not_member"
+    # a group created in another order, told by its description (group_order.py)
+    DESC = "desc"
+    # a peer's collective that timed out waiting for this rank (late_arrival.py)
+    LATE_ARRIVAL = "late-arrival"
+    # a departure from the rank's own routine: its previous step, or its loop's previous iteration
+    STEP = "step"
+    LOOP = "loop"
+
+
+@dataclass(frozen=True)
+class WrongCall:
+    """The call a wrong_group finding's rank made instead: on `group` ("" for a group it is not a
+    member of), as that group's #`seq`, at `ns` (aligned), where known."""
+
+    group: str
+    seq: int | None = None
+    ns: int | None = None
+
+
+@dataclass(frozen=True)
+class Departure:
+    """Where an unmatched p2p's absent rank left its own routine (p2p.with_departure): in `step` it
+    went to `went_op` at `went_site`, position `position` of the step, instead of the counterpart at
+    `call_site` it posted there the step (or loop iteration: basis LOOP) before."""
+
+    step: int
+    call_site: str
+    went_site: str
+    went_op: str
+    position: int
+    basis: CauseBasis
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "call_site": self.call_site, "went_site": self.went_site,
+                "went_op": self.went_op, "position": self.position, "basis": self.basis.value}
+
+
+@dataclass(frozen=True)
+class Cause:
+    """What a finding claims as a cause, and on what basis: what `verdict.diagnose` reads to decide which
+    finding explains which wait-for root (`explains`), files under it (`supports`) or ranks first.
+
+    Every field is optional (None / False / empty: not claimed). `to_json` writes the claimed ones under
+    the `data` keys of earlier releases (`JSON_KEYS`)."""
+
+    basis: CauseBasis | None = None
+    before_death: bool = False                    # a deviation its rank (or its partner) died after
+    summary: bool = False                         # a count of further findings, never a cause itself
+    ambiguous: bool | None = None                 # a tied vote: no one rank named for sure
+    deviant_ranks: tuple[int, ...] | None = None
+    absent_ranks: tuple[int, ...] | None = None   # members that left no record of the instance
+    unfinished: bool | None = None                # the instance never completed
+    later_instances: int | None = None            # how many later instances the deviation persisted into
+    died_inside: tuple[int, ...] | None = None    # dead ranks whose begin row for the instance never ended
+    wrong: WrongCall | None = None                # the wrong call of a wrong_group finding
+    partner_deaths: tuple[int, ...] | None = None # members of either group that died of the wrong call
+    poster: int | None = None                     # unmatched p2p: the rank that posted its side ...
+    absent: int | None = None                     # ... and the rank that never posted the counterpart
+    departure: Departure | None = None
+    tag_deviant: bool = False                     # the absent side changed its tag (p2p_tags.py)
+    p2p_pair: tuple[int, int] | None = None       # a send/recv whose sizes disagree (p2p_sizes.py)
+
+    def to_json(self) -> dict[str, Any]:
+        """The claimed fields under their `data` keys, in field order."""
+        out: dict[str, Any] = {}
+        if self.basis is not None:
+            out["basis"] = self.basis.value
+        for key in ("before_death", "summary"):
+            if getattr(self, key):
+                out[key] = True
+        for key in ("ambiguous", "deviant_ranks", "absent_ranks", "unfinished", "later_instances", "died_inside"):
+            _put(out, key, getattr(self, key))
+        if self.wrong is not None:
+            out["wrong_group"] = self.wrong.group
+            _put(out, "wrong_seq", self.wrong.seq)
+            _put(out, "wrong_ns", self.wrong.ns)
+        for key in ("partner_deaths", "poster", "absent"):
+            _put(out, key, getattr(self, key))
+        if self.departure is not None:
+            out["departure"] = self.departure.to_json()
+        if self.tag_deviant:
+            out["tag_deviant"] = True
+        _put(out, "p2p_pair", self.p2p_pair)
+        return out
+
+
+def _put(out: dict[str, Any], key: str, value: Any) -> None:
+    if value is not None:
+        out[key] = list(value) if isinstance(value, tuple) else value
+
+
 # The `data` keys `to_json` writes from the typed fields. An analysis that passes one of them in
-# `data` is refused: the field is the contract (a key there would be silently shadowed).
+# `data` is refused: the field is the contract (a key there would be silently shadowed). `basis` and
+# `ambiguous` are not among them: performance findings keep their own (a `Cause` must not clash).
 TYPED_DATA_KEYS = ("role", "supports", "instance", "instances", "involved", "stack", "explains",
                    "wait_summary", "waiting_ranks", "direct_waiters", "wait_s")
+CAUSE_KEYS = ("before_death", "summary", "deviant_ranks", "absent_ranks", "unfinished", "later_instances",
+              "died_inside", "wrong_group", "wrong_seq", "wrong_ns", "partner_deaths", "poster", "absent",
+              "departure", "tag_deviant", "p2p_pair")
 
 
 @dataclass
@@ -185,6 +304,8 @@ class Finding:
     wait: WaitSummary | None = None
     stack: str = ""                                      # the root ranks' stack excerpt
     explains: Explains | None = None
+    cause: Cause = field(default_factory=Cause)          # what this finding claims to cause, on what basis
+    layout: tuple[str, ...] = ()                         # the JSON's order of `data` and `cause` keys (see to_json)
 
     def __post_init__(self) -> None:
         try:
@@ -207,11 +328,25 @@ class Finding:
             raise ValueError(f"finding {self.kind.value!r} passes {', '.join(clash)} in data: these are typed "
                              f"fields of Finding (role=, supports=, instance=InstanceRef(group, seq), instances=, "
                              f"involved=, stack=, explains=Explains(...), wait=WaitSummary(...))")
+        clash = [k for k in CAUSE_KEYS if k in self.data] + [k for k in self.cause.to_json() if k in self.data]
+        if clash:
+            raise ValueError(f"finding {self.kind.value!r} passes {', '.join(clash)} in data: a cause's claims "
+                             f"are the typed record cause=Cause(...)")
 
     @property
     def involved_ranks(self) -> set[int]:
         """Every rank in the story; the root ranks when the analysis named no others."""
         return set(self.involved) or set(int(r) for r in self.ranks)
+
+    def json_data(self) -> dict[str, Any]:
+        """`data` and the cause's claims in one dict, ordered as the analysis laid them out: the keys in
+        `layout` first (in its order), then the rest of `data`, then the rest of the cause's."""
+        merged = {**self.data, **self.cause.to_json()}
+        if not self.layout:
+            return merged
+        out = {k: merged[k] for k in self.layout if k in merged}
+        out.update((k, v) for k, v in merged.items() if k not in out)
+        return out
 
     def to_json(self) -> dict[str, Any]:
         """The JSON shape of earlier releases: typed payloads under their `data` keys."""
@@ -219,7 +354,7 @@ class Finding:
             "kind": self.kind.value, "severity": self.severity.value, "title": self.title,
             "ranks": [int(r) for r in self.ranks], "evidence": [asdict(e) for e in self.evidence],
         }
-        data = dict(self.data)
+        data = self.json_data()
         data["role"] = self.role.value
         if self.supports:
             data["supports"] = self.supports
@@ -243,15 +378,7 @@ class Finding:
         return out
 
 
-def finding_fields() -> list[str]:
-    """Names of Finding's fields (for `dataclasses.replace` callers and tests)."""
-    return [f.name for f in fields(Finding)]
-
-
 def sort_findings(findings: list[Finding]) -> list[Finding]:
     """Most severe first; stable otherwise so analyses control their own order."""
     return sorted(findings, key=lambda f: _SEVERITY_RANK[f.severity.value])
 
-
-def has_errors(findings: list[Finding]) -> bool:
-    return any(f.severity == Severity.ERROR for f in findings)

@@ -5,7 +5,7 @@ and backward steps in, so that an observed hang can be compared against it
 and so the dry-run simulator (``pipesim.py``) has something to replay.
 These are plain functions over integers; no torch, no processes: the
 analyzer imports them on a machine without torch, and the runtime's
-``ncclscope/schedules.py`` re-exports them for the executor.
+pipeline executor imports them from here.
 
 Notation follows torchtitan / ``torch.distributed.pipelining``: ``"2F0"`` is
 the forward of (virtual) stage 2 on microbatch 0, ``"1B3"`` the backward of

@@ -44,7 +44,7 @@ def test_the_rank_whose_sends_no_peer_expects_is_named():
     h = d.findings[0]
     assert (h.kind, h.ranks) == ("collective_mismatch", [2]), d.verdict
     assert "sends [2,2,1,3] rows to ranks 0-3 where they expect [2,2,2,2] from it" in h.title
-    assert "moe.py:40" in h.title and not h.data["ambiguous"]
+    assert "moe.py:40" in h.title and not h.cause.ambiguous
 
 
 def test_a_receiver_that_expects_the_wrong_rows_is_named():
@@ -64,7 +64,7 @@ def test_two_ranks_that_disagree_only_with_each_other_are_ambiguous():
     d = diagnose(_job(lists))
     h = d.findings[0]
     assert h.kind == "collective_mismatch" and h.ranks == [1], d.verdict   # the lowest, said to be a guess
-    assert h.data["ambiguous"] and "ambiguous" in h.title
+    assert h.cause.ambiguous and "ambiguous" in h.title
 
 
 def test_tracer_encoding_round_trips():

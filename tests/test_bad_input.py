@@ -265,6 +265,24 @@ def test_world_size_2_31_in_run_json(tmp_path, capsys):
     assert "Ranks (2)" in out
 
 
+def test_run_json_fields_of_the_wrong_type(tmp_path, capsys):
+    """run.json is typed once (load/run_info.py): a field of the wrong type is its empty value and a
+    warning, and every face that reads the run info (analyze, the TUI's first screen, the report) works."""
+    from ncclscope.load.run_info import RunInfo
+    from ncclscope.tui.model import preliminary_model
+    d = copy_sample(tmp_path)
+    run_json = json.loads((d / "run.json").read_text())
+    run_json.update({"config": 5, "ranks": "x", "end_reason": [1], "n_params": "many", "source": {}})
+    (d / "run.json").write_text(json.dumps(run_json))
+    check_partial(capsys, d, "config (int)", "ranks (str)", "end_reason (list)", "source (dict)")
+    info = RunInfo.from_dict(run_json)
+    assert (info.config, info.exits, info.end_reason, info.n_params, info.source) == ({}, {}, "", None, "")
+    assert info.raw is run_json and info.world_size == 2
+    assert preliminary_model(d, info).world_size == 2
+    rc, out, err = run(capsys, "report", str(d), "-o", str(tmp_path / "r.html"))
+    assert rc in (0, 1) and "Traceback" not in err, err
+
+
 @pytest.mark.parametrize("name", ["rank-1000000000", "rank-" + "9" * 30, "rank-5000"])
 def test_stray_rank_directory(tmp_path, capsys, name):
     d = copy_sample(tmp_path)

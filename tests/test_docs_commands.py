@@ -154,7 +154,7 @@ IN_PROCESS = {"analyze", "report", "export"}
 
 
 def run_ncclscope(argv: list[str], ws: Path, where: str, quoted: str = "") -> None:
-    from ncclscope.cli.main import build_parser
+    from ncclscope.cli.parser import build_parser
     args = [_moved(a, ws) for a in argv[1:]]
     for a in args:
         if a.startswith(str(ws / "tmp")):

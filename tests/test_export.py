@@ -25,7 +25,7 @@ import pytest
 from ncclscope import schema as S
 from ncclscope.export import DATASET_MARKER, INFLIGHT_NOTE, export_parquet, export_perfetto, load_parquet
 from ncclscope.load.foreign.detect import load_any
-from ncclscope.load.trace import TraceError, assemble
+from ncclscope.load.trace import Tables, TraceError, assemble
 from trace_builder import NS, TraceBuilder
 
 pytestmark = pytest.mark.timeout(60)
@@ -80,11 +80,10 @@ def trace():
     b.marker(0, "fault_injected", 2.4, message="stall rank 2\nfor 5 s")
     built = b.build()
     t0 = b.t0_ns
-    return assemble(Path("<built>"), built.run, built.world_size, built.ranks,
-                    [pa.Table.from_pandas(built.events[S.EVENT_COLUMNS], schema=S.EVENTS_SCHEMA,
-                                          preserve_index=False)],
-                    [_metrics_table(4, t0)], [_samples_table(4, t0)], built.groups.to_dict("records"),
-                    {1: "Thread 0x1 (most recent call first):\n  File \"x.py\", line 3"}, ["a warning"])
+    return assemble(Path("<built>"), built.run, built.world_size, built.ranks, Tables(
+        events=[pa.Table.from_pandas(built.events[S.EVENT_COLUMNS], schema=S.EVENTS_SCHEMA, preserve_index=False)],
+        metrics=[_metrics_table(4, t0)], samples=[_samples_table(4, t0)], group_rows=built.groups.to_dict("records"),
+        stacks={1: "Thread 0x1 (most recent call first):\n  File \"x.py\", line 3"}, warnings=["a warning"]))
 
 
 # --------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 from ncclscope.load import safe_io
 from ncclscope.load.foreign.errors import TraceError
 from ncclscope.load.foreign.fr_entries import Entries, _holds_set, _size_texts, _Table, fields
-from ncclscope.load.foreign.fr_read import DumpBuffer, _size_text, read_dump
+from ncclscope.load.foreign.fr_read import DumpBuffer, size_text, read_dump
 from ncclscope.load.foreign.safe_pickle import UnsafePickleError, safe_loads
 
 DATA = {"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
@@ -90,12 +90,12 @@ def _deep(n: int) -> list:
     [[[1]], [[True]], [[1.0]], [[-0.0]], [[0.0]], [[2**70]], [[1]]],          # equal values, different texts
     [[{1, 2}], [frozenset({3})], [(1, 2)], [None], ["a\udcff"], [b"x"], [1j], [{"k": [1]}]],
     [[collections.OrderedDict(a=1)], [[1]]],                                   # marshal refuses: str of each
-    [_deep(1500), [[1]]],                                                      # str gives up: _size_text
+    [_deep(1500), [[1]]],                                                      # str gives up: size_text
     [[[1, 2]], "not a list", None],                                            # not all lists
     [[{8, 0}], [{0, 8}], [{8, 0}]],              # equal sets, another order: marshal sorts them, str does not
 ])
 def test_size_texts_match_str_of_each(sizes: list) -> None:
-    want = [_size_text(sz) for sz in sizes]
+    want = [size_text(sz) for sz in sizes]
     assert _size_texts(sizes) == want
 
 

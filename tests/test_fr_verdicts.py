@@ -134,17 +134,17 @@ def test_stopped_needs_evidence_of_more_to_do(dumps, tmp_path):
 
 
 def test_a_rank_with_no_dump_is_put_back_into_its_mesh_groups():
-    from ncclscope.load.foreign.fr_fixups import _complete_groups
+    from ncclscope.load.foreign.fr_fixups import complete_groups
     # rank 3 left no dump: its tp group {2,3} and dp group {1,3} were rebuilt as {2} and {1}
-    got = _complete_groups({"1": {0, 1}, "2": {2}, "3": {0, 2}, "4": {1}}, present={0, 1, 2})
+    got = complete_groups({"1": {0, 1}, "2": {2}, "3": {0, 2}, "4": {1}}, present={0, 1, 2})
     assert got == {"2": (2, 3), "4": (1, 3)}
     # rank 2's dump is missing between others: {3} is {2,3}, not {3,4}
-    got = _complete_groups({"1": {0, 1}, "2": {3}, "3": {0}, "4": {1, 3}}, present={0, 1, 3}, world=4)
+    got = complete_groups({"1": {0, 1}, "2": {3}, "3": {0}, "4": {1, 3}}, present={0, 1, 3}, world=4)
     assert got == {"2": (2, 3), "3": (0, 2)}
     # one lone group is no mesh: nothing is guessed
-    assert _complete_groups({"1": {0, 1}, "2": {2}}, present={0, 1, 2}) == {}
+    assert complete_groups({"1": {0, 1}, "2": {2}}, present={0, 1, 2}) == {}
     # the rank to put back left a dump: it is not dead, nothing is guessed
-    assert _complete_groups({"1": {0, 1}, "2": {2}, "3": {0, 2}, "4": {1}}, present={0, 1, 2, 3}) == {}
+    assert complete_groups({"1": {0, 1}, "2": {2}, "3": {0, 2}, "4": {1}}, present={0, 1, 2, 3}) == {}
 
 
 def test_dumps_without_timestamps_say_no_duration(dumps, tmp_path):
@@ -255,7 +255,7 @@ def test_creation_order_from_entries_names_the_culprit(dumps, tmp_path, descs, b
     # (1 to 1 on each name: it is the rank that disagrees on both of its groups, its partners on one each)
     d = reorder_groups(dumps["healthy"], tmp_path / f"reorder-{basis}", culprit=culprit, world=WORLD, descs=descs)
     fs = _order_findings(d)
-    assert [(f.kind, f.ranks, f.data["basis"], f.data["attribute"]) for f in fs] == \
+    assert [(f.kind, f.ranks, f.cause.basis, f.data["attribute"]) for f in fs] == \
         [("group_mismatch", [culprit], basis, "creation_order")], [f.title for f in fs]
     assert fs[0].title.startswith(f"rank {culprit} created its process groups in a different order than the other "
                                   "ranks")

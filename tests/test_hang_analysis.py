@@ -19,7 +19,8 @@ import pytest
 from hang_checks import alive, headline, kinds
 from trace_builder import NS, TraceBuilder
 
-from ncclscope.verdict.diagnose import OK_VERDICT, diagnose
+from ncclscope.verdict.diagnose import diagnose
+from ncclscope.verdict.headline import OK_VERDICT
 from ncclscope.hang.group_checks import analyze_groups
 from ncclscope.index.views import index_of
 from ncclscope.index.labels import fmt_ranks, group_label, majority_vote

@@ -23,7 +23,7 @@ from ncclscope.verdict import run
 from ncclscope.verdict.diagnose import diagnose
 from ncclscope.index.views import GroupInfo, IndexLookupError, RankState, TraceIndex, index_of
 from ncclscope.index.membership import groups_from_views
-from ncclscope.load.trace import GroupViews, RankInfo, assemble
+from ncclscope.load.trace import GroupViews, RankInfo, RunInfo, Tables, assemble
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -268,8 +268,8 @@ def synthetic_4096(world: int = 4096, tp: int = 8, skipper: int = 1234) -> "obje
         views.add(r, view, [], Path("."))
     infos = {r: RankInfo(rank=r, present=True, coords={"tp": r % tp, "dp": r // tp}) for r in range(world)}
     tables = [events_table(pd.concat([begin, end, hb], ignore_index=True))]
-    return assemble(Path("<synthetic 4096>"), {"world_size": world}, world, infos, tables, group_views=views,
-                    warnings=[])
+    return assemble(Path("<synthetic 4096>"), RunInfo.from_dict({"world_size": world}), world, infos,
+                    Tables(events=tables, group_views=views, warnings=[]))
 
 
 def test_a_4096_rank_hang_is_diagnosed_in_budget_and_names_the_skipper():
@@ -379,7 +379,7 @@ def test_creation_order_on_first_rows_is_the_copy_and_drop_duplicates(monkeypatc
     coll = index_of(trace).coll
     assert GO._first_rows(coll, np.ones(len(coll), dtype=bool)) is not None
     fast = GO.creation_order_findings(index_of(trace))
-    assert [(f.data.get("basis"), f.ranks) for f in fast] == [("desc" if desc else "call_site", [2])]
+    assert [(f.cause.basis, f.ranks) for f in fast] == [("desc" if desc else "call_site", [2])]
     with monkeypatch.context() as m:
         m.setattr(GO, "_first_rows", lambda coll, keep: None)              # the plain pandas path
         slow = GO.creation_order_findings(index_of(trace))

@@ -33,7 +33,8 @@ from ncclscope import schema as S
 from ncclscope.load.foreign import GroupNamer, group_kind, normalize_dtype, normalize_op, parse_ranks
 from ncclscope.load.foreign.detect import detect, load_any
 from ncclscope.load.foreign.flight_recorder import load_flight_recorder, rank_from_name
-from ncclscope.load.foreign.profiler import _kernel_info, load_profiler
+from ncclscope.load.foreign.prof_rows import kernel_info
+from ncclscope.load.foreign.profiler import load_profiler
 from ncclscope.load.foreign.safe_pickle import UnsafePickleError, safe_load, safe_loads
 from ncclscope.load.trace import TraceError
 
@@ -195,7 +196,7 @@ def test_real_dump_loads_identically(gloo_job):
 # --------------------------------------------------------------------------
 def test_gloo_healthy_dump_is_ok(gloo_job):
     trace = load_any(gloo_job / "healthy")
-    assert trace.run["source"] == "flight_recorder" and trace.run["backend"] == "gloo"
+    assert trace.run.source == "flight_recorder" and trace.run.backend == "gloo"
     assert trace.present_ranks == [0, 1, 2]
     assert trace.group_members() == {"default_pg": [0, 1, 2]}   # rebuilt: gloo's pg_config is empty
     coll = trace.ops[trace.ops["kind"] == S.KIND_COLLECTIVE]
@@ -552,10 +553,10 @@ def test_shared_vocabulary():
                         ("5", "", (0,)), ("7", "ep", (0, 1)), ("7", "ep", (2, 3))])
     assert namer("0", "default_pg", (0, 1, 2, 3)) == "default_pg" and namer("1", "tp", (0, 1)) == "tp:1"
     assert namer("5", "", (0,)) == "5" and namer("7", "ep", (2, 3)) == "ep:7[2,3]"
-    assert _kernel_info("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == (
+    assert kernel_info("ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevKernelArgsStorage<4096ul>)") == (
         "all_reduce", "sum", "float32")
-    assert _kernel_info("ncclKernel_AllGather_RING_LL_Sum_bf16")[0] == "all_gather"
-    assert _kernel_info("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)")[0] == "sendrecv"
+    assert kernel_info("ncclKernel_AllGather_RING_LL_Sum_bf16")[0] == "all_gather"
+    assert kernel_info("ncclDevKernel_SendRecv(ncclDevKernelArgsStorage<4096ul>)")[0] == "sendrecv"
 
 
 # --------------------------------------------------------------------------
@@ -565,7 +566,7 @@ def test_profiler_gloo_traces_give_communication_tables(gloo_job, tmp_path):
     from ncclscope.perf.comm_stats import analyze_comm
     from ncclscope.perf.stragglers import analyze_stragglers
     trace = load_any(gloo_job / "profiler")          # worker<r>.<ts>.pt.trace.json.gz: rank from distributedInfo
-    assert trace.run["source"] == "torch_profiler" and trace.present_ranks == [0, 1, 2]
+    assert trace.run.source == "torch_profiler" and trace.present_ranks == [0, 1, 2]
     ops = trace.ops
     coll = ops[ops["kind"] == S.KIND_COLLECTIVE]
     assert len(coll) == 2 * 2 * WORLD                               # weight + bias grads, 2 steps, 3 ranks

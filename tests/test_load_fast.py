@@ -2,8 +2,8 @@
 
 Each fast path exists to cut the CPU of loading a 16,384-rank run directory (docs/scale.md): a missing
 column filled once per batch of ranks instead of once per file (`streams.read_stream_lazy`,
-`columns._Columns._runs`), one listing per rank directory instead of a stat per question
-(`trace._load_rank`), string codes registered in one pass (`_Columns._codes_chunked`), the begin rows of
+`columns.Columns._runs`), one listing per rank directory instead of a stat per question
+(`trace.RunDirLoader.add_rank`), string codes registered in one pass (`Columns._codes_chunked`), the begin rows of
 `ops` gathered with numpy (`opsjoin._take`), JSON without the walk where it cannot change anything
 (`safe_io.loads`), small files read on a bare descriptor (`safe_io.read_bytes`). What must not change
 is the result, torn and hostile input included: each case is compared with the plain path here.
@@ -84,9 +84,9 @@ def _run(tmp: Path, ranks: int = 4, drop: tuple[str, ...] = ("grad_norm_reduced"
 def _plain_tables(root: Path, schema: pa.Schema, name: str) -> tuple[pd.DataFrame, list[str]]:
     """The plain path: every file conformed on its own (`read_stream`), rank forced table by table."""
     warnings: list[str] = []
-    cols = C._Columns(schema)
+    cols = C.Columns(schema)
     for d in sorted(root.glob("rank-*")):
-        cols.add(T.force_rank(read_stream(d / name, schema, warnings), int(d.name[5:])))
+        cols.add(C.force_rank(read_stream(d / name, schema, warnings), int(d.name[5:])))
     return cols.frame(), warnings
 
 
@@ -105,11 +105,11 @@ def test_lazy_fill_is_the_per_file_conform(tmp_path: Path, drop: tuple[str, ...]
 
 def test_mixed_schemas_in_one_batch_keep_row_order(tmp_path: Path) -> None:
     """Ranks alternating between full and short metrics files: runs are filled apart, rows stay in order."""
-    cols, plain = C._Columns(S.METRICS_SCHEMA), C._Columns(S.METRICS_SCHEMA)
+    cols, plain = C.Columns(S.METRICS_SCHEMA), C.Columns(S.METRICS_SCHEMA)
     for r in range(9):
         t = _metrics(r, 2 + r % 3, ("grad_norm_reduced",) if r % 3 else ())
         cols.add(t, rank=r)
-        plain.add(T.force_rank(C.conform_table(t, S.METRICS_SCHEMA, Path("."), []), r))
+        plain.add(C.force_rank(C.conform_table(t, S.METRICS_SCHEMA, Path("."), []), r))
     pd.testing.assert_frame_equal(cols.frame(), plain.frame(), check_exact=True)
 
 
@@ -157,10 +157,10 @@ def test_lazy_reader_says_what_the_plain_one_says(tmp_path: Path) -> None:
         assert w_lazy == w_plain, name
         assert all("\n" not in w and str(path) in w for w in w_lazy), name
         assert absent == (not path.exists()), name
-        filled = C._Columns(S.EVENTS_SCHEMA)
+        filled = C.Columns(S.EVENTS_SCHEMA)
         filled.add(lazy, rank=0)
-        want = C._Columns(S.EVENTS_SCHEMA)
-        want.add(T.force_rank(plain, 0))
+        want = C.Columns(S.EVENTS_SCHEMA)
+        want.add(C.force_rank(plain, 0))
         pd.testing.assert_frame_equal(filled.frame(), want.frame(), check_exact=True)
         if name == "short":
             assert lazy.num_columns < plain.num_columns     # left for the column engine to fill
@@ -193,8 +193,8 @@ def test_chunked_codes_with_nulls_anywhere_are_the_per_chunk_ones(seed: int) -> 
     values = ["a", "", "bb", None, "c", "dd"]
     chunks = [pa.array([values[i] for i in rng.integers(0, 6 if rng.random() < 0.3 else 3, int(rng.integers(0, 6)))],
                        pa.string()) for _ in range(int(rng.integers(2, 9)))]
-    fast = C._Columns(pa.schema([("op_name", pa.string())]))
-    slow = C._Columns(pa.schema([("op_name", pa.string())]))
+    fast = C.Columns(pa.schema([("op_name", pa.string())]))
+    slow = C.Columns(pa.schema([("op_name", pa.string())]))
     fast.cats["op_name"] = {"c": 0} if seed % 2 else {}
     slow.cats["op_name"] = dict(fast.cats["op_name"])
     got = fast._codes_chunked("op_name", chunks)
@@ -309,7 +309,7 @@ def test_direct_join_is_the_sorted_join(seed: int, monkeypatch: pytest.MonkeyPat
 
 
 def _begin_first(df: pd.DataFrame) -> pd.DataFrame:
-    """The frame's begin rows, then the others, each in its order (what `_Columns.frame(lead=...)` makes)."""
+    """The frame's begin rows, then the others, each in its order (what `Columns.frame(lead=...)` makes)."""
     begin = (df["phase"].astype(str) == "begin").to_numpy()
     return pd.concat([df[begin], df[~begin]]).reset_index(drop=True)
 
@@ -320,7 +320,7 @@ def test_leading_rows_come_first_and_ops_are_views(seed: int, monkeypatch: pytes
     order, over any batching (pieces that start, end or hold no begin row, rows that lead already); the ops
     `build_ops` makes from it equal the file order's, their columns views of the events' (and a write to
     either frame leaves the other as it was: copy-on-write)."""
-    monkeypatch.setattr(C._Columns, "BATCH_ROWS", int(np.random.default_rng(seed).integers(1, 40)))
+    monkeypatch.setattr(C.Columns, "BATCH_ROWS", int(np.random.default_rng(seed).integers(1, 40)))
     rng = np.random.default_rng(seed)
     schema = pa.schema([("rank", pa.int32()), ("op_id", pa.int64()), ("phase", pa.string()), ("peer", pa.int32()),
                         ("kind", pa.string()), ("status", pa.string()), ("message", pa.string()),
@@ -340,7 +340,7 @@ def test_leading_rows_come_first_and_ops_are_views(seed: int, monkeypatch: pytes
                                 "message": pa.array(rng.choice(["", "m"], n).tolist()),
                                 "time_ns": pa.array(np.arange(n) * 10), "note": pa.array([f"n{i}" for i in range(n)])},
                                schema=schema))
-    plain, lead = C._Columns(schema), C._Columns(schema)
+    plain, lead = C.Columns(schema), C.Columns(schema)
     plain.cats.pop("note", None), lead.cats.pop("note", None)
     for t in tables:
         plain.add(t)

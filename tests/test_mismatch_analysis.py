@@ -34,7 +34,7 @@ def test_rank_calling_the_collective_on_the_wrong_group():
     assert (h.kind, h.ranks) == ("wrong_group", [1])
     assert d.verdict == ("WRONG GROUP: rank 1 called all_reduce on world[0-3] instead of dp0[0-2] (#3) at "
                          "train.py:42 (step 5); ranks 0,2 waiting in all_reduce #3 on dp0 since 5.0 s")
-    assert h.data["wrong_group"] == "world" and h.to_json()["data"]["instance"] == ["dp0", 3]
+    assert h.cause.wrong.group == "world" and h.to_json()["data"]["instance"] == ["dp0", 3]
     assert h.to_json()["data"]["explains"]["kind"] == "hang" and h.to_json()["data"]["explains"]["ranks"] == [1]
     assert [f.kind for f in d.findings if f.severity == "error"] == ["wrong_group"]
 
@@ -120,7 +120,7 @@ def test_a_tie_is_called_ambiguous_and_names_the_lowest_rank():
     b.collective(1, "dp0", 1, start=1.0, end=1.1, sizes="[[8]]")
     d = diagnose(b.build())
     h = headline(d)
-    assert (h.kind, h.ranks, h.data["ambiguous"]) == ("collective_mismatch", [0], True)
+    assert (h.kind, h.ranks, h.cause.ambiguous) == ("collective_mismatch", [0], True)
     assert d.verdict.startswith("MISMATCH: ambiguous (1 vs 1 tie), naming the lowest rank 0:")
 
 
@@ -133,7 +133,7 @@ def test_analysis_continues_past_the_first_mismatch_into_other_groups():
                          sizes="[[8]]" if (r == 1 and k == 3) else "[[4]]",
                          dtype="float64" if (r == 5 and k >= 2) else "float32")
     d = diagnose(b.build())
-    errors = [(f.kind, f.ranks, f.to_json()["data"]["instance"], f.data["later_instances"]) for f in d.findings
+    errors = [(f.kind, f.ranks, f.to_json()["data"]["instance"], f.cause.later_instances) for f in d.findings
               if f.severity == "error"]
     assert errors == [("collective_mismatch", [1], ["dp0", 3], 0), ("collective_mismatch", [5], ["dp1", 2], 3)]
     assert d.verdict.startswith("MISMATCH: rank 1 deviates in all_reduce #3 on dp0[0-2]")
@@ -147,7 +147,7 @@ def test_mismatch_findings_are_bounded_per_group_with_a_summary():
             b.collective(r, "dp0", k, start=float(k), end=k + 0.1, sizes="[[8]]" if r == k - 1 else "[[4]]")
     rep = analyze_collectives(b.build(), max_per_group=5)
     mism = [f for f in rep.findings if f.kind == "collective_mismatch" and not f.data.get("missing_participant")]
-    assert len(mism) == 6 and mism[-1].data["summary"] is True and mism[-1].severity == "warning"
+    assert len(mism) == 6 and mism[-1].cause.summary is True and mism[-1].severity == "warning"
     assert "5 more mismatched instances" in mism[-1].title
     assert len(rep.deviations) == 10
 
@@ -268,7 +268,7 @@ def test_a_dtype_deviant_whose_partner_died_without_a_record_is_named_from_histo
                                 "float64 where its own other steps (2) and dp1 at this step used float32 "
                                 "(its call at data.py:76); "
                                 "rank 0 (dp 0, tp 0) left no record of #3 (killed by SIGABRT)")
-    assert h.data["basis"] == "history" and h.data["absent_ranks"] == [0]
+    assert h.cause.basis == "history" and h.cause.absent_ranks == (0,)
     assert "then rank 0 (dp 0, tp 0) was killed (SIGABRT)" in d.verdict
 
 
@@ -280,7 +280,7 @@ def test_history_breaks_a_one_vs_one_tie():
                          sizes="[[8]]" if (r == 1 and k == 3) else "[[4]]")
     d = diagnose(b.build())
     h = headline(d)
-    assert (h.kind, h.ranks, h.data["ambiguous"]) == ("collective_mismatch", [1], False)
+    assert (h.kind, h.ranks, h.cause.ambiguous) == ("collective_mismatch", [1], False)
     assert d.verdict == ("MISMATCH: rank 1 deviates in all_reduce #3 on dp0[0,1]: passed sizes [[8]] where its "
                          "own other steps (3) passed [[4]] (its call at d.py:7)")
 

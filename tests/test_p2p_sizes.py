@@ -35,4 +35,4 @@ def test_the_sender_that_changed_its_size_is_the_root_and_the_abort_its_conseque
 
 def test_sizes_that_always_differ_are_the_program_not_a_change():
     a = run(_pair(["[[16]]"] * 4, ["[[24]]"] * 4, abort=False).build())
-    assert not [f for f in a.findings if f.data.get("p2p_pair")], a.verdict
+    assert not [f for f in a.findings if f.cause.p2p_pair], a.verdict

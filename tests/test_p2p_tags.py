@@ -40,5 +40,5 @@ def test_the_sender_that_changed_its_tag_is_the_root():
                                        ([1, 2, 3], [1, 1, 4])])     # both sides changed
 def test_no_history_verdict_leaves_the_deadlock(recv, send):
     d = _pair(recv_tags=recv, send_tags=send)
-    assert not any(f.data.get("tag_deviant") for f in d.findings), d.verdict
+    assert not any(f.cause.tag_deviant for f in d.findings), d.verdict
     assert d.findings[0].kind == "deadlock" and d.findings[0].ranks == [0, 1], d.verdict

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ncclscope.runtime.comm import Comm, Group
 from ncclscope.runtime.config import ConfigError, RunConfig
-from ncclscope.runtime.data import global_batch
+from ncclscope.runtime.corpus import global_batch
 from ncclscope.runtime.model import Layout, ParallelStage, moe_blocks
 from ncclscope.runtime.parallel.context import attend_own, attend_remote, zigzag_index
 from ncclscope.runtime.parallel.data import ZeroShard

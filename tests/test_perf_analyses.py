@@ -29,7 +29,7 @@ from ncclscope.perf.moe import analyze_moe
 from ncclscope.perf.performance import analyze_performance
 from ncclscope.perf.stragglers import analyze_stragglers
 from ncclscope.perf.utilization import analyze_utilization
-from ncclscope.load.trace import RankInfo, Trace, assemble, load
+from ncclscope.load.trace import RankInfo, RunInfo, Tables, Trace, assemble, load
 
 pytestmark = pytest.mark.timeout(60)
 NS = 1_000_000_000
@@ -80,9 +80,9 @@ def metrics_trace(rows: list[dict[str, Any]], coords: dict[int, dict[str, int]],
     ev = [pa.Table.from_pandas(base.events.drop(columns="t_ns"), preserve_index=False)] if base is not None else []
     ev = [t.cast(S.EVENTS_SCHEMA) for t in ev]
     groups = [] if base is None else base.groups.to_dict(orient="records")
-    return assemble(Path("<built>"), {"world_size": world}, world, ranks, ev,
-                    [table(S.METRICS_SCHEMA, [{"time_ns": 1_000 * NS + i, **r} for i, r in enumerate(rows)])],
-                    [table(S.SAMPLES_SCHEMA, samples)] if samples else None, groups)
+    return assemble(Path("<built>"), RunInfo.from_dict({"world_size": world}), world, ranks, Tables(
+        events=ev, metrics=[table(S.METRICS_SCHEMA, [{"time_ns": 1_000 * NS + i, **r} for i, r in enumerate(rows)])],
+        samples=[table(S.SAMPLES_SCHEMA, samples)] if samples else None, group_rows=groups))
 
 
 # ---- bubbles ----
@@ -339,11 +339,11 @@ def test_the_rank_whose_reduced_gradient_is_its_own_breaks_a_two_replica_tie(kep
 def test_reduced_equal_to_local_on_every_rank_is_no_evidence() -> None:
     coords = {r: {"tp": r % 2, "pp": 0, "dp": r // 2, "ep": 0} for r in range(4)}
     rows = _tp2dp2_kept(0, healthy_reduce_keeps=True)
-    from ncclscope.perf.divergence_ties import _kept_own_gradient
+    from ncclscope.perf.divergence_ties import kept_own_gradient
     m = pd.DataFrame(rows)
-    assert _kept_own_gradient(m, 1, [0, 1, 2, 3]) is None
-    assert _kept_own_gradient(pd.DataFrame(_tp2dp2_kept(0)), 1, [0, 1, 2, 3]) == 0
-    assert _kept_own_gradient(m.drop(columns=["grad_norm_reduced"]), 1, [0, 1, 2, 3]) is None
+    assert kept_own_gradient(m, 1, [0, 1, 2, 3]) is None
+    assert kept_own_gradient(pd.DataFrame(_tp2dp2_kept(0)), 1, [0, 1, 2, 3]) == 0
+    assert kept_own_gradient(m.drop(columns=["grad_norm_reduced"]), 1, [0, 1, 2, 3]) is None
 
 
 def test_replica_sets_follow_tp_and_pp_coordinates() -> None:
@@ -428,10 +428,11 @@ def test_model_state_estimate() -> None:
     assert model_state_bytes(phi, "float32")["model_state_bytes"] == 16 * phi
     coords = {0: {}}
     t = metrics_trace([{"rank": 0, "step": s, "memory_bytes": 100 + 10 * s} for s in range(3)], coords)
-    t.run["config"] = {"n_embd": 32, "n_layer": 2, "vocab_size": 256, "block_size": 32, "dtype": "float32"}
+    t.run = RunInfo.from_dict({"config": {"n_embd": 32, "n_layer": 2, "vocab_size": 256, "block_size": 32,
+                                          "dtype": "float32"}})
     res = analyze_memory(t)
     assert res.per_rank["peak_bytes"].tolist() == [120] and res.per_rank["growth"].tolist() == [approx(0.2)]
-    assert res.estimate["model_state_bytes"] == 16 * gpt_params(t.run["config"])
+    assert res.estimate["model_state_bytes"] == 16 * gpt_params(t.run.config)
 
 
 def test_gpt_param_count_matches_the_runtime_model() -> None:
@@ -448,7 +449,10 @@ def test_analyze_performance_collects_everything() -> None:
     assert perf.errors == []
     assert [f.kind for f in perf.findings] == ["straggler"]
     assert set(perf.timings) == {"bubbles", "stragglers", "comm", "divergence", "utilization", "moe", "memory"}
-    assert "straggler" in perf.verdict
+    from ncclscope.verdict.compose import compose_verdict     # the one verdict line, made from these findings
+    verdict, level = compose_verdict(None, perf.findings, perf.errors)
+    assert verdict.startswith("STRAGGLER: ") and level == "warning"
+    assert "verdict" not in perf.summary()
 
 
 # ---- real runs (ncclscope train with fault drills) ----

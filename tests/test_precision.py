@@ -29,7 +29,8 @@ from ncclscope.verdict import run as analyse
 from ncclscope.perf.bubbles import analyze_bubbles
 from ncclscope.perf.comm_stats import analyze_comm
 from ncclscope.perf.divergence import analyze_divergence
-from ncclscope.perf.stragglers import ALPHA, MIN_Z, analyze_stragglers, binom_tail
+from ncclscope.perf.straggler_stats import ALPHA, MIN_Z, binom_tail
+from ncclscope.perf.stragglers import analyze_stragglers
 from ncclscope.load.trace import Trace, load
 
 pytestmark = pytest.mark.timeout(60)
@@ -277,7 +278,7 @@ def test_healthy_layout_exits_0_with_no_warning(healthy_runs: dict[str, Any], na
     from test_drills_e2e import _assert_no_orphans
     job = healthy_runs[name]
     trace = load(job.run_dir)
-    assert trace.run.get("end_reason") == "completed", job.explain()
+    assert trace.run.end_reason == "completed", job.explain()
     assert job.result.get("rc_train") == 0 and not job.errors(), job.explain()
     a = analyse(trace)
     serious = [f"{f.severity}: {f.title}" for f in a.findings if f.severity in ("warning", "error")]

@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ncclscope import schema as S
-from ncclscope.load.trace import load, read_stream
+from ncclscope.load.ipc_read import read_stream
+from ncclscope.load.trace import load
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -229,7 +230,7 @@ _STR_VALUES = st.one_of(st.sampled_from(["", "ok", "all_reduce", "dp0", "a\x00b"
 def test_batch_columns_convert_exactly_like_pa_array(data) -> None:
     """The flusher's fast conversions (numpy for numbers, one repeated value for
     a constant column) give the array pa.array gives, or fail where it fails."""
-    from ncclscope.runtime.ipc_write import _column_converter
+    from ncclscope.runtime.ipc_write import column_converter
     typ = data.draw(st.sampled_from([pa.int32(), pa.int64(), pa.string(), pa.float64()]))
     values = {pa.string(): _STR_VALUES,
               pa.float64(): st.one_of(st.floats(allow_nan=True), st.integers(-2**53, 2**53), st.none())}.get(
@@ -240,9 +241,9 @@ def test_batch_columns_convert_exactly_like_pa_array(data) -> None:
         want = pa.array(col, type=typ)
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         with pytest.raises((pa.ArrowException, TypeError, ValueError, OverflowError)):
-            _column_converter(typ)(col, len(col))
+            column_converter(typ)(col, len(col))
         return
-    got = _column_converter(typ)(col, len(col))
+    got = column_converter(typ)(col, len(col))
     assert got.type == typ
     assert got.to_pylist() == want.to_pylist() or (
         typ == pa.float64() and [str(v) for v in got.to_pylist()] == [str(v) for v in want.to_pylist()])

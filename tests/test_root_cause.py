@@ -326,10 +326,14 @@ def test_cp_skip_is_a_skip_not_a_deadlock_between_its_victims() -> None:
     assert not any(f.kind == "deadlock" and f.role.value == "headline" for f in d.findings)
 
 
-def test_cp_cycle_within_one_step_stays_a_deadlock() -> None:
-    # The same picture, but rank 1's p2p belongs to the same step: no evidence that it moved on.
+def test_cp_p2p_where_its_loop_posts_the_all_reduce_is_a_departure() -> None:
+    # The same picture, but rank 1's second ring exchange carries the same step: the step labels do not
+    # say it moved on, its own sequence does. Every earlier iteration of its loop posted the all_reduce
+    # after one ring exchange; this one posted a second exchange there and blocked in it (the first
+    # deviation, loop_departures.py), where the old rule called the cycle a deadlock.
     d = diagnose(_cp(skipper_step=2).build())
-    assert d.headline.kind == "deadlock", d.verdict
+    assert (d.headline.kind, d.headline.ranks) == ("hang", [1]), d.verdict
+    assert "left its loop" in d.headline.title and "all_reduce on dp_cp0" in d.headline.title
 
 
 # ---------------------------------------------------------------------------
@@ -456,7 +460,7 @@ def test_a_wrong_group_headlines_over_the_death_of_a_member_of_that_group() -> N
     h = d.headline
     assert (h.kind, h.ranks) == ("wrong_group", [3]), d.verdict
     assert GRAD in h.title and "then rank 2" in h.title and "SIGABRT" in h.title
-    assert h.data["partner_deaths"] == [2]
+    assert h.cause.partner_deaths == (2,)
     dead = [f for f in d.findings if f.kind == "dead_rank" and f.severity == "error"]
     assert dead and all(f.role.value == "supporting" for f in dead)
 
@@ -484,7 +488,7 @@ def test_a_death_long_before_the_wrong_call_is_not_its_consequence() -> None:
         b.rank_state(r, exitcode=1)
     trace = b.build()
     wrong = [f for f in analyze_groups(index_of(trace)).findings if f.kind == "wrong_group"]
-    assert wrong and wrong[0].ranks == [3] and "partner_deaths" not in wrong[0].data
+    assert wrong and wrong[0].ranks == [3] and wrong[0].cause.partner_deaths is None
     d = diagnose(trace)
     dead = [f for f in d.findings if f.kind == "dead_rank" and f.severity == "error"]
     assert dead and dead[0].ranks == [2] and dead[0].role.value == "headline", d.verdict

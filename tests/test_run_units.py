@@ -31,7 +31,7 @@ def test_bootstrap_options_stop_at_the_script_whose_args_pass_through_unparsed()
 
 
 def test_cli_run_passes_the_script_args_through():
-    from ncclscope.cli.main import build_parser
+    from ncclscope.cli.parser import build_parser
     ns = build_parser().parse_args(["run", "--nproc", "2", "--", "examples/ddp.py", "--steps", "3", "--nproc", "9"])
     assert ns.nproc == 2 and ns.command == "run" and ns.script_argv == ["--", "examples/ddp.py", "--steps", "3", "--nproc", "9"]
 

@@ -15,7 +15,7 @@ from ncclscope.load import columns as C
 from ncclscope.index import p2p_pairs as P
 from ncclscope.perf import utilization as U
 from ncclscope.index import wait_edges as W
-from ncclscope.load.trace import force_rank
+from ncclscope.load.columns import force_rank
 
 SCHEMA = pa.schema([("rank", pa.int32()), ("op_name", pa.string()), ("kind", pa.string()), ("step", pa.int32())])
 VALUES = ["a", "b", "", "ccc", None]
@@ -33,11 +33,11 @@ def _tables(rng: np.random.Generator) -> list[pa.Table]:
 
 
 def _frame(tables: list[pa.Table], batch_rows: int, ranks: list[int] | None, chunked: bool) -> pd.DataFrame:
-    cols = C._Columns(SCHEMA)
+    cols = C.Columns(SCHEMA)
     cols.BATCH_ROWS = batch_rows
     if not chunked:                                      # the per-table coding, as before the round
-        cols._codes_chunked = lambda name, chunks: C._Columns._codes(cols, name, chunks[:1]) if len(chunks) == 1 \
-            else np.concatenate([C._Columns._codes(cols, name, [c]) for c in chunks])
+        cols._codes_chunked = lambda name, chunks: C.Columns._codes(cols, name, chunks[:1]) if len(chunks) == 1 \
+            else np.concatenate([C.Columns._codes(cols, name, [c]) for c in chunks])
     for i, t in enumerate(tables):
         if ranks is None:
             cols.add(t)

@@ -14,7 +14,7 @@ import pytest
 
 from ncclscope.perf import bubbles
 from ncclscope.index import p2p_pairs as P
-from ncclscope.perf.comm_stats import _unique_lookup
+from ncclscope.perf.comm_stats import unique_lookup
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,14 +82,14 @@ def test_unique_lookup_is_a_left_join_or_declines() -> None:
     left = [rng.integers(0, 5, 200), rng.integers(0, 5, 200), rng.integers(-1, 30, 200)]
     keys = sorted({(a, b, c) for a, b, c in zip(*[x[:150] for x in left])})
     right = [np.array([k[i] for k in keys]) for i in range(3)]
-    pos, found = _unique_lookup(left, right)
+    pos, found = unique_lookup(left, right)
     lk = list(zip(*left))
     for i, k in enumerate(lk):
         assert found[i] == (k in keys)
         if found[i]:
             assert tuple(int(r[pos[i]]) for r in right) == k
     dup = [np.concatenate([r, r[:1]]) for r in right]
-    assert _unique_lookup(left, dup) is None            # repeated right keys: the merge multiplies rows
+    assert unique_lookup(left, dup) is None            # repeated right keys: the merge multiplies rows
 
 
 def _whole(key: np.ndarray, start: np.ndarray, end: np.ndarray, n_keys: int) -> np.ndarray:

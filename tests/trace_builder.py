@@ -32,7 +32,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ncclscope import schema as S
-from ncclscope.load.trace import RankInfo, Trace, assemble
+from ncclscope.load.trace import RankInfo, RunInfo, Tables, Trace, assemble
 
 NS = 1_000_000_000
 REDUCING_OPS = frozenset({"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"})
@@ -225,5 +225,5 @@ class TraceBuilder:
         run["ranks"] = {str(r): {"exitcode": i.exitcode, "signal": i.signal} for r, i in self._ranks.items()}
         ranks = {r: RankInfo(**vars(i)) for r, i in self._ranks.items()}
         stacks = {r: s for r, s in self._stacks.items() if ranks[r].present}
-        return assemble(Path("<built>"), run, self.world_size, ranks, kept, group_rows=self._group_rows(),
-                        stacks=stacks, warnings=[])
+        return assemble(Path("<built>"), RunInfo.from_dict(run), self.world_size, ranks,
+                        Tables(events=kept, group_rows=self._group_rows(), stacks=stacks, warnings=[]))

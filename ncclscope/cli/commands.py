@@ -1,6 +1,6 @@
 """What each analyzer subcommand does once its arguments are parsed:
-`cmd_<name>(ns) -> exit code`. Parsing is `cli_parser.py`; output is
-`cli_output.py`; turning exceptions into exit codes is `cli.main`. The
+`cmd_<name>(ns) -> exit code`. Parsing is `parser.py`; output is
+`output.py`; turning exceptions into exit codes is `main.py`. The
 job-running commands (`train`, `run`, `demo`) live with the runtime
 (`ncclscope.runtime.commands`), which registers them into the parser.
 """
@@ -12,9 +12,9 @@ import os
 import sys
 from typing import Any
 
-from ncclscope.cli.inputs import (EXIT_OK, EXIT_UNREADABLE, UsageError, _first_line, _load, _progress,
-                     _writable_dir, _writable_file)
-from ncclscope.cli.output import _clean, _json_report, _plural, _print_report, _print_warnings
+from ncclscope.cli.inputs import (EXIT_OK, EXIT_UNREADABLE, UsageError, first_line, load_input, progress,
+                                  writable_dir, writable_file)
+from ncclscope.cli.output import clean, json_report, plural, print_report, print_warnings
 
 
 def run_analyses(trace: Any) -> Any:
@@ -24,40 +24,40 @@ def run_analyses(trace: Any) -> Any:
 
 
 def cmd_analyze(ns: argparse.Namespace) -> int:
-    trace = _load(ns.run)
+    trace = load_input(ns.run)
     if trace is None:
         return EXIT_UNREADABLE
-    _print_warnings(trace)
+    print_warnings(trace)
     analysis = run_analyses(trace)
     if ns.json:
-        json.dump(_json_report(trace, analysis), sys.stdout, indent=1, default=str)
+        json.dump(json_report(trace, analysis), sys.stdout, indent=1, default=str)
         print()
     else:
-        _print_report(trace, analysis)
+        print_report(trace, analysis)
     return analysis.exit_code
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
     from ncclscope.report.html import write_report
-    out = _writable_file(ns.output or "report.html", "-o")   # checked before minutes of analysis
-    trace = _load(ns.run)
+    out = writable_file(ns.output or "report.html", "-o")   # checked before minutes of analysis
+    trace = load_input(ns.run)
     if trace is None:
         return EXIT_UNREADABLE
-    _print_warnings(trace)
+    print_warnings(trace)
     analysis = run_analyses(trace)
     try:
-        with _progress(f"writing {out}"):
+        with progress(f"writing {out}"):
             stats = write_report(trace, out, analysis=analysis)
     except OSError as exc:
-        raise UsageError(f"-o {out}: cannot write the report ({_first_line(exc)})") from None
-    print(_clean(analysis.verdict))
+        raise UsageError(f"-o {out}: cannot write the report ({first_line(exc)})") from None
+    print(clean(analysis.verdict))
     print(f"ncclscope report: wrote {stats['path']} ({stats['bytes'] / 1e6:.1f} MB, "
-          f"{_plural(len(stats['sections']), 'section')}, {_plural(int(stats['findings']), 'finding')}) "
+          f"{plural(len(stats['sections']), 'section')}, {plural(int(stats['findings']), 'finding')}) "
           f"in {stats['seconds']:.1f} s", file=sys.stderr)
     if stats.get("over_budget"):
         print("ncclscope report: the file is over its size budget; large sections were sampled", file=sys.stderr)
     for failure in stats.get("failed", []):   # the report says so too, in its notes
-        print(f"ncclscope report: a section could not be drawn: {_clean(failure)}", file=sys.stderr)
+        print(f"ncclscope report: a section could not be drawn: {clean(failure)}", file=sys.stderr)
     return analysis.exit_code
 
 
@@ -67,38 +67,38 @@ def cmd_export(ns: argparse.Namespace) -> int:
         print("ncclscope export: give --perfetto OUT.json and/or --parquet DIR", file=sys.stderr)
         return EXIT_UNREADABLE
     if ns.perfetto:
-        _writable_file(ns.perfetto, "--perfetto")
+        writable_file(ns.perfetto, "--perfetto")
     if ns.parquet:
-        _writable_dir(ns.parquet, "--parquet")
+        writable_dir(ns.parquet, "--parquet")
         from ncclscope.export import DATASET_MARKER
         if (os.path.isdir(ns.parquet) and os.listdir(ns.parquet)
                 and not os.path.exists(os.path.join(ns.parquet, DATASET_MARKER))):
             raise UsageError(f"--parquet {ns.parquet}: exists, is not empty and is not an ncclscope dataset; "
                              "refusing to write into it")
-    trace = _load(ns.run)
+    trace = load_input(ns.run)
     if trace is None:
         return EXIT_UNREADABLE
-    _print_warnings(trace)
+    print_warnings(trace)
     from ncclscope.load.trace import TraceError
     if ns.perfetto:
         try:
-            with _progress(f"writing {ns.perfetto}"):
+            with progress(f"writing {ns.perfetto}"):
                 stats = export_perfetto(trace, ns.perfetto)
         except OSError as exc:
-            raise UsageError(f"--perfetto {ns.perfetto}: cannot write ({_first_line(exc)})") from None
+            raise UsageError(f"--perfetto {ns.perfetto}: cannot write ({first_line(exc)})") from None
         print(f"ncclscope export: wrote {ns.perfetto} ({stats.get('bytes', 0) / 1e6:.1f} MB): "
-              f"{_plural(int(stats.get('slices', 0)), 'op slice')}, {_plural(int(stats.get('flows', 0)), 'send->recv flow')}, "
-              f"{_plural(int(stats.get('counters', 0)), 'counter sample')} on "
-              f"{_plural(int(stats.get('processes', 0)), 'rank')}; open it in https://ui.perfetto.dev")
+              f"{plural(int(stats.get('slices', 0)), 'op slice')}, {plural(int(stats.get('flows', 0)), 'send->recv flow')}, "
+              f"{plural(int(stats.get('counters', 0)), 'counter sample')} on "
+              f"{plural(int(stats.get('processes', 0)), 'rank')}; open it in https://ui.perfetto.dev")
     if ns.parquet:
         try:
-            with _progress(f"writing {ns.parquet}"):
+            with progress(f"writing {ns.parquet}"):
                 stats = export_parquet(trace, ns.parquet)
         except TraceError as exc:       # refuses to write into a directory that is not a dataset
-            raise UsageError(f"--parquet {_clean(exc)}") from None
+            raise UsageError(f"--parquet {clean(exc)}") from None
         except OSError as exc:
-            raise UsageError(f"--parquet {ns.parquet}: cannot write ({_first_line(exc)})") from None
-        counts = ", ".join(_plural(int(stats.get(k, 0)), k[:-1] if k.endswith("s") else k, k)
+            raise UsageError(f"--parquet {ns.parquet}: cannot write ({first_line(exc)})") from None
+        counts = ", ".join(plural(int(stats.get(k, 0)), k[:-1] if k.endswith("s") else k, k)
                            for k in ("events", "ops", "metrics", "samples", "groups"))
         print(f"ncclscope export: wrote the Parquet dataset {ns.parquet}/ ({counts}), partitioned by rank")
     return EXIT_OK

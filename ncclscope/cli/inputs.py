@@ -9,7 +9,7 @@ import sys
 import traceback
 from typing import Any
 
-from ncclscope.cli.output import _clean
+from ncclscope.cli.output import clean
 
 EXIT_OK, EXIT_PROBLEMS, EXIT_UNREADABLE, EXIT_INTERNAL = 0, 1, 2, 3
 
@@ -18,35 +18,38 @@ class UsageError(Exception):
     """A command line that cannot work (an output path that cannot be written); exit 2, one line."""
 
 
-def _load(path: str) -> Any:
+def load_input(path: str) -> Any:
     """Any supported input (run directory, Flight Recorder dumps, profiler
     traces), or None after a one-line error on stderr. A spinner on stderr
-    (only when stderr is a terminal) shows a load that takes a while."""
+    (only when stderr is a terminal) shows a load that takes a while.
+    Public: every analyzer subcommand (`commands.py`) reads its input here."""
     from ncclscope.load.foreign import load_any
     from ncclscope.load.trace import TraceError
     try:
-        with _progress(f"reading {path}"):
+        with progress(f"reading {path}"):
             return load_any(path)
     except TraceError as exc:
-        print(f"ncclscope: {_clean(exc)}", file=sys.stderr)
+        print(f"ncclscope: {clean(exc)}", file=sys.stderr)
     except (OSError, ValueError, RecursionError, MemoryError) as exc:   # a reader that did not word its error
-        print(f"ncclscope: {_clean(path)}: unreadable input ({type(exc).__name__}: {_clean(_first_line(exc))})",
+        print(f"ncclscope: {clean(path)}: unreadable input ({type(exc).__name__}: {clean(first_line(exc))})",
               file=sys.stderr)
-        if _debug():
+        if debug_wanted():
             traceback.print_exc()
     return None
 
 
-class _progress:
+class progress:
     """A transient spinner on stderr for slow steps, shown after one second and
-    only when stderr is a terminal (never in pipes, logs or tests)."""
+    only when stderr is a terminal (never in pipes, logs or tests). Public: the
+    subcommands (`commands.py`) wrap their slow writes in it; lower-case because
+    it is used like a function, `with progress("writing x"):`."""
 
     def __init__(self, what: str) -> None:
         self.what = what
         self._status: Any = None
         self._timer: Any = None
 
-    def __enter__(self) -> "_progress":
+    def __enter__(self) -> "progress":
         if not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
             return self
         import threading
@@ -54,7 +57,7 @@ class _progress:
         from rich.console import Console
 
         def show() -> None:
-            self._status = Console(stderr=True, highlight=False, markup=False).status(_clean(self.what) + " ...")
+            self._status = Console(stderr=True, highlight=False, markup=False).status(clean(self.what) + " ...")
             self._status.start()
 
         self._timer = threading.Timer(1.0, show)
@@ -70,21 +73,32 @@ class _progress:
             self._status.stop()
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (at most 300 characters), or its
+    type's name: every one-line error of the CLI, the runtime's job commands
+    (`ncclscope.runtime.commands`) and `main`'s exit-3 line is worded from it."""
     text = str(exc).strip()
     return text.splitlines()[0][:300] if text else type(exc).__name__
 
 
-def _debug() -> bool:
+_DEBUG = [False]   # set once per command by `set_debug` (the --debug flag)
+
+
+def set_debug(on: bool) -> None:
+    """Record the command's --debug flag; `main` calls it before running the command."""
+    _DEBUG[0] = bool(on)
+
+
+def debug_wanted() -> bool:
+    """Whether a traceback should follow a one-line error: --debug, or NCCLSCOPE_DEBUG set.
+    Public: `main` asks it before printing an internal error's traceback."""
     return bool(os.environ.get("NCCLSCOPE_DEBUG")) or _DEBUG[0]
 
 
-_DEBUG = [False]
-
-
-def _writable_file(path: str, flag: str) -> str:
+def writable_file(path: str, flag: str) -> str:
     """`path` when a file can be written there, else UsageError naming why
-    (a directory in its place, a parent that is missing or a file)."""
+    (a directory in its place, a parent that is missing or a file). Public: the
+    commands check their output paths with it before any slow work starts."""
     target = os.path.abspath(path)
     if os.path.isdir(target):
         raise UsageError(f"{flag} {path}: is a directory; give a file name")
@@ -92,8 +106,9 @@ def _writable_file(path: str, flag: str) -> str:
     return path
 
 
-def _writable_dir(path: str, flag: str) -> str:
-    """`path` when a directory can be created or written there, else UsageError."""
+def writable_dir(path: str, flag: str) -> str:
+    """`path` when a directory can be created or written there, else UsageError.
+    Public: `export --parquet` and the runtime's `train --out` check with it."""
     target = os.path.abspath(path)
     if os.path.lexists(target) and not os.path.isdir(target):
         raise UsageError(f"{flag} {path}: exists and is not a directory")

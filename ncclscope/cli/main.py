@@ -19,10 +19,10 @@ Exit codes (every command):
 Input that is only partly readable is analyzed; its warnings are printed
 first (on stderr), before the verdict.
 
-Where things are: `cli_parser.py` (subcommands, flags, help text),
-`cli_commands.py` (one `cmd_<name>` per subcommand), `cli_output.py` (the
-text and JSON faces), `cli_io.py` (reading input, checking output paths, the
-exit codes); `main` here turns every outcome into an exit code.
+Where things are: `parser.py` (subcommands, flags, help text),
+`commands.py` (one `cmd_<name>` per subcommand), `output.py` (the text and
+JSON faces), `inputs.py` (reading input, checking output paths, the exit
+codes); `main` here turns every outcome into an exit code.
 """
 from __future__ import annotations
 
@@ -31,14 +31,11 @@ import sys
 import traceback
 from typing import Sequence
 
-from ncclscope.cli.commands import run_analyses
-from ncclscope.cli.inputs import (EXIT_INTERNAL, EXIT_OK, EXIT_PROBLEMS, EXIT_UNREADABLE, UsageError, _DEBUG, _debug,
-                     _first_line)
-from ncclscope.cli.output import _clean, _json_report, _print_report, _print_warnings
+from ncclscope.cli.inputs import EXIT_INTERNAL, EXIT_OK, EXIT_UNREADABLE, UsageError, debug_wanted, first_line, set_debug
+from ncclscope.cli.output import clean
 from ncclscope.cli.parser import build_parser
 
-__all__ = ["EXIT_INTERNAL", "EXIT_OK", "EXIT_PROBLEMS", "EXIT_UNREADABLE", "UsageError", "build_parser", "main",
-           "run_analyses", "_json_report", "_print_report", "_print_warnings"]
+__all__ = ["main"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -46,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     No exception leaves here: bad input and unusable paths are one line and
     exit 2, a bug is one line and exit 3 (the traceback only with --debug)."""
     ns = build_parser().parse_args(argv)
-    _DEBUG[0] = bool(getattr(ns, "debug", False))
+    set_debug(bool(getattr(ns, "debug", False)))
     from ncclscope.load.trace import TraceError
     try:
         return int(ns.func(ns))
@@ -60,12 +57,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("ncclscope: interrupted", file=sys.stderr)
         return 130
     except (UsageError, TraceError) as exc:
-        print(f"ncclscope: {_clean(_first_line(exc))}", file=sys.stderr)
+        print(f"ncclscope: {clean(first_line(exc))}", file=sys.stderr)
         return EXIT_UNREADABLE
     except Exception as exc:   # noqa: BLE001 - the one place that turns a bug into exit 3
-        print(f"ncclscope: internal error ({type(exc).__name__}: {_clean(_first_line(exc))}); "
+        print(f"ncclscope: internal error ({type(exc).__name__}: {clean(first_line(exc))}); "
               "run with --debug for the traceback", file=sys.stderr)
-        if _debug():
+        if debug_wanted():
             traceback.print_exc()
         return EXIT_INTERNAL
 

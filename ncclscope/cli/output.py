@@ -1,6 +1,6 @@
 """The CLI's text and JSON faces of an analysis: verdict, findings, the Ranks
-table, the loader's warnings. Every string from a trace passes `_clean` before
-it reaches a terminal; nothing here decides anything (`analysis.run` does).
+table, the loader's warnings. Every string from a trace passes `clean` before
+it reaches a terminal; nothing here decides anything (`verdict.run` does).
 """
 from __future__ import annotations
 
@@ -16,13 +16,15 @@ MAX_WARNINGS_SHOWN = 20
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 
 
-def _clean(text: Any) -> str:
+def clean(text: Any) -> str:
     """A string from a trace made safe for a terminal: control characters (escape
-    sequences a hostile trace could carry) and lone surrogates become U+FFFD."""
+    sequences a hostile trace could carry) and lone surrogates become U+FFFD.
+    Public: every face of the CLI (and its error lines) prints trace text through it."""
     return _CONTROL.sub("\ufffd", text if isinstance(text, str) else str(text))
 
 
-def _plural(n: int, word: str, plural: str = "") -> str:
+def plural(n: int, word: str, plural: str = "") -> str:
+    """`1 finding`, `3 findings` (or the given irregular plural): the commands' summary lines use it."""
     return f"{n} {word if n == 1 else (plural or word + 's')}"
 
 
@@ -34,39 +36,41 @@ def _evidence_text(text: str) -> str:
     return _NO_STEP.sub("", text)
 
 
-def _print_warnings(trace: Any, err: Any = None) -> None:
-    """The loader's warnings, on stderr, before anything else is printed."""
+def print_warnings(trace: Any, err: Any = None) -> None:
+    """The loader's warnings, on stderr, before anything else is printed. Public: every command
+    that loads a trace (the analyzer's and the runtime's `train`) prints them first."""
     err = sys.stderr if err is None else err
     warnings = list(getattr(trace, "warnings", []) or [])
     if not warnings:
         return
-    print(f"ncclscope: the input is only partly readable ({_plural(len(warnings), 'warning')}):", file=err)
+    print(f"ncclscope: the input is only partly readable ({plural(len(warnings), 'warning')}):", file=err)
     for w in warnings[:MAX_WARNINGS_SHOWN]:
-        print(f"  warning: {_clean(w)}", file=err)
+        print(f"  warning: {clean(w)}", file=err)
     if len(warnings) > MAX_WARNINGS_SHOWN:
         print(f"  ... {len(warnings) - MAX_WARNINGS_SHOWN} more (all of them in --json)", file=err)
 
 
 
-def _print_report(trace: Any, analysis: Any, out: Any = None) -> None:
+def print_report(trace: Any, analysis: Any, out: Any = None) -> None:
     """The text face: verdict, findings, the Ranks table. The loader's warnings
-    go to stderr first (`_print_warnings`), so stdout's first line is the verdict."""
+    go to stderr first (`print_warnings`), so stdout's first line is the verdict.
+    Public: `analyze` and the runtime's `train` / `run` end with it."""
     out = sys.stdout if out is None else out   # looked up per call, so callers can redirect stdout
     findings: list[Finding] = analysis.findings
-    print(_clean(analysis.verdict), file=out)
+    print(clean(analysis.verdict), file=out)
     for e in analysis.errors:
-        print(f"  (analysis error: {_clean(e)})", file=out)
+        print(f"  (analysis error: {clean(e)})", file=out)
     if findings:
-        print(f"\n{_plural(len(findings), 'finding')}:", file=out)
+        print(f"\n{plural(len(findings), 'finding')}:", file=out)
         for f in findings:
-            print(f"  [{f.severity}] {f.kind}: {_clean(f.title)}", file=out)
+            print(f"  [{f.severity}] {f.kind}: {clean(f.title)}", file=out)
             for ev in f.evidence[:6]:
-                print(f"      - {_clean(_evidence_text(ev.describe()))}", file=out)
+                print(f"      - {clean(_evidence_text(ev.describe()))}", file=out)
             if len(f.evidence) > 6:
-                print(f"      ... {_plural(len(f.evidence) - 6, 'more evidence row')} (see --json)", file=out)
+                print(f"      ... {plural(len(f.evidence) - 6, 'more evidence row')} (see --json)", file=out)
     _print_ranks(trace, out)
     if trace.warnings:
-        print(f"\n{_plural(len(trace.warnings), 'loader warning')} (printed first, on stderr; all in --json)",
+        print(f"\n{plural(len(trace.warnings), 'loader warning')} (printed first, on stderr; all in --json)",
               file=out)
 
 
@@ -89,7 +93,7 @@ def _print_ranks(trace: Any, out: Any) -> None:
     for col in shown.columns:
         grid.add_column(str(col), justify="right" if col in numeric else "left", overflow="fold", max_width=60)
     for row in shown.itertuples(index=False):
-        grid.add_row(*(Text(_clean("" if v is None else v)) for v in row))   # Text: never parsed as markup
+        grid.add_row(*(Text(clean("" if v is None else v)) for v in row))   # Text: never parsed as markup
     import io
     import shutil
     is_tty = hasattr(out, "isatty") and out.isatty()
@@ -101,7 +105,9 @@ def _print_ranks(trace: Any, out: Any) -> None:
         print(line.rstrip(), file=out)
 
 
-def _json_report(trace: Any, analysis: Any) -> dict[str, Any]:
+def json_report(trace: Any, analysis: Any) -> dict[str, Any]:
+    """The `analyze --json` document (verdict, findings, ranks, warnings). Public: the
+    scale benchmark and tests compare it byte for byte with the CLI's output."""
     from ncclscope.index.summary import rank_summary
     from ncclscope.schema import SCHEMA_VERSION
     return {

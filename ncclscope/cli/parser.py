@@ -1,5 +1,5 @@
 """The `ncclscope` argument parser: the analyzer's subcommands, flags and help
-text, each bound to its `cmd_<name>` in `cli_commands.py`, plus the commands
+text, each bound to its `cmd_<name>` in `commands.py`, plus the commands
 other packages register through the `ncclscope.commands` entry point group
 (the runtime's `train`, `run` and `demo`: `ncclscope.runtime.commands`).
 

@@ -3,7 +3,7 @@
     ncclscope export RUN --perfetto run.json     # open in https://ui.perfetto.dev
     ncclscope export RUN --parquet run_parquet/  # pandas, DuckDB, Polars, Spark
 
-RUN is anything `ingest.load_any` reads (our run directory, Flight Recorder
+RUN is anything `load.foreign.load_any` reads (our run directory, Flight Recorder
 dumps, profiler traces, or a dataset this module wrote).
 
 Perfetto (Chrome trace-event JSON, `{"traceEvents": [...], "displayTimeUnit": "ns"}`):
@@ -17,7 +17,7 @@ Perfetto (Chrome trace-event JSON, `{"traceEvents": [...], "displayTimeUnit": "n
   ended is drawn to the end of the trace with status "inflight" and
   note "never completed";
 - a flow arrow ("s" -> "f", bp "e") from each send to the recv it pairs with,
-  matched by (src, dst, tag, p2p_seq_id) as in analysis/p2p.py;
+  matched by (src, dst, tag, p2p_seq_id) as in hang/p2p.py;
 - "C" counters for NVML/host samples and per-step metrics, "i" instants for
   markers (heartbeats are left out: they would bury everything else).
 The JSON is assembled column-wise (strings escaped once per distinct value),

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from ncclscope.load import safe_io
 from ncclscope import schema as S
-from ncclscope.load.trace import RankInfo, Trace, TraceError, assemble
+from ncclscope.load.trace import RankInfo, RunInfo, Tables, Trace, TraceError, assemble
 
 DATASET_MARKER = "ncclscope_dataset.json"
 PARQUET_TABLES = ("events", "ops", "metrics", "samples", "groups")
@@ -80,7 +80,7 @@ def export_parquet(trace: Trace, out_dir: str | os.PathLike[str]) -> dict[str, A
     meta = {
         "ncclscope_schema": S.SCHEMA_VERSION, "tables": {k: stats[k] for k in PARQUET_TABLES},
         "partitioning": "hive, by rank", "source_path": str(trace.path), "world_size": trace.world_size,
-        "run": trace.run, "ranks": [asdict(info) for info in trace.ranks.values()],
+        "run": trace.run.raw, "ranks": [asdict(info) for info in trace.ranks.values()],
         "warnings": list(trace.warnings), "stacks": {str(r): s for r, s in trace.stacks.items()},
     }
     (out / DATASET_MARKER).write_text(json.dumps(meta, indent=1, default=str))
@@ -175,7 +175,8 @@ def _load_parquet(root: Path) -> Trace:
     world = min(world, safe_io.plausible_world(world, len(ranks), highest))
     for r in range(world):
         ranks.setdefault(r, RankInfo(rank=r, present=False))
-    run = meta.get("run") if isinstance(meta.get("run"), dict) else {}
+    run = RunInfo.from_dict(meta.get("run") if isinstance(meta.get("run"), dict) else {})
     warnings = meta.get("warnings") if isinstance(meta.get("warnings"), list) else []
-    return assemble(root, dict(run), max(world, highest + 1), ranks, [events], [metrics], [samples], group_rows,
-                    stacks, [str(w) for w in warnings])
+    return assemble(root, run, max(world, highest + 1), ranks, Tables(
+        events=[events], metrics=[metrics], samples=[samples], group_rows=group_rows, stacks=stacks,
+        warnings=[str(w) for w in warnings]))

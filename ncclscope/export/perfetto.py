@@ -83,90 +83,122 @@ def export_perfetto(trace: Trace, out_path: str | os.PathLike[str]) -> dict[str,
     out = Path(out_path)
     ops = trace.ops
     events = trace.events
+    instants = events[events["phase"] == S.PHASE_INSTANT] if len(events) else events
+    t0, t_end = _time_range(trace, instants)
+    chunks: list[str] = []
+    stats = {"path": str(out), "slices": 0, "inflight": 0, "flows": 0, "counters": 0, "instants": 0,
+             "processes": 0, "tracks": 0}
+    track_rows: list[tuple[int, int, str]] = []        # (pid, tid, name)
+    if len(ops):
+        tids, track_rows, n_inflight = _tracks(ops, t_end)
+        chunks.extend(_slice_chunks(ops, t0, t_end, tids))
+        stats["slices"] = int(len(ops))
+        stats["inflight"] = n_inflight
+        send_side, recv_side = _p2p_pairs(ops, tids, t0, t_end)
+        if len(send_side):
+            chunks.extend(_flow_chunks(send_side, recv_side))
+            stats["flows"] = int(len(send_side))
+    # instants: markers, not heartbeats
+    marks = instants[_plain(instants["op_name"]) != S.HEARTBEAT] if len(instants) else instants
+    if len(marks):
+        chunks.append(_instant_chunk(marks, track_rows, t0))
+        stats["instants"] = int(len(marks))
+    counters, stats["counters"] = _counter_chunks(trace, t0)
+    chunks.extend(counters)
+    meta = _metadata(trace, track_rows)
+    stats["processes"] = len(trace.ranks)
+    stats["tracks"] = len(track_rows)
+    other = {"generator": "ncclscope", "ncclscope_schema": S.SCHEMA_VERSION, "t0_ns": int(t0),
+             "source": trace.run.source or "ncclscope", "path": str(trace.path)}
+    _write(out, other, meta, chunks)
+    stats["events"] = len(meta) + stats["slices"] + 2 * stats["flows"] + stats["instants"] + stats["counters"]
+    stats["bytes"] = out.stat().st_size
+    return stats
+
+
+def _time_range(trace: Trace, instants: pd.DataFrame) -> tuple[int, int]:
+    """(t0, t_end): the earliest time of any op, sample, metric or instant; the trace's end (or the last op
+    end, if later). Slices still in flight are drawn to t_end."""
+    ops = trace.ops
     times = [int(ops["start_ns"].min())] if len(ops) else []
     if len(trace.samples):
         times.append(int(trace.samples["time_ns"].min()))
     if len(trace.metrics):
         times.append(int(trace.metrics["time_ns"].min()))
-    instants = events[events["phase"] == S.PHASE_INSTANT] if len(events) else events
     if len(instants):
         times.append(int(instants["t_ns"].min()))
     t0 = min(times) if times else 0
     t_end = max(trace.end_ns, t0)
     if len(ops):
         t_end = max(t_end, int(ops["end_ns"].max()))
+    return t0, t_end
 
-    chunks: list[str] = []
-    stats = {"path": str(out), "slices": 0, "inflight": 0, "flows": 0, "counters": 0, "instants": 0,
-             "processes": 0, "tracks": 0}
 
-    # ---- slices ------------------------------------------------------------------------
-    track_rows: list[tuple[int, int, str]] = []        # (pid, tid, name)
-    send_side = recv_side = None
-    if len(ops):
-        df = pd.DataFrame({
-            "rank": ops["rank"].to_numpy(np.int64), "kind": _plain(ops["kind"]).to_numpy(),
-            "group": _plain(ops["process_group"]).to_numpy(), "start": ops["start_ns"].to_numpy(np.int64),
-            "end": ops["end_ns"].to_numpy(np.int64), "_pos": np.arange(len(ops)),
-        })
-        inflight = df["end"].to_numpy() < 0
-        df["end"] = np.maximum(np.where(inflight, t_end, df["end"]), df["start"])
-        kind = df["kind"]
-        df["track"] = np.where(kind == S.KIND_COMPUTE, "compute",
-                               np.where(df["group"] != "", kind + " " + df["group"], kind))
-        df = df.sort_values(["rank", "track", "start"], kind="stable").reset_index(drop=True)
-        lane = np.zeros(len(df), np.int64)
-        for idx in df.groupby(["rank", "track"], sort=False).indices.values():
-            lane[idx] = _lanes(df["start"].to_numpy()[idx], df["end"].to_numpy()[idx])
-        df["lane"] = lane
-        tracks = df[["rank", "track", "lane"]].drop_duplicates()
-        order = {"compute": 0, "collective": 1, "p2p": 2}
-        tracks = tracks.assign(_o=tracks["track"].map(lambda t: order.get(t.split(" ", 1)[0], 3)))
-        tracks = tracks.sort_values(["rank", "_o", "track", "lane"])
-        tracks["tid"] = tracks.groupby("rank").cumcount() + 1
-        df = df.merge(tracks[["rank", "track", "lane", "tid"]], on=["rank", "track", "lane"], how="left")
-        for r, tr, ln, tid in tracks[["rank", "track", "lane", "tid"]].itertuples(index=False):
-            track_rows.append((int(r), int(tid), tr + (f" ({ln + 1})" if ln else "")))
-        tids = _tid_lookup(ops, df)
-        chunks.extend(_slice_chunks(ops, t0, t_end, tids))
-        stats["slices"] = int(len(ops))
-        stats["inflight"] = int(inflight.sum())
-        send_side, recv_side = _p2p_pairs(ops, tids, t0, t_end)
+def _tracks(ops: pd.DataFrame, t_end: int) -> tuple[np.ndarray, list[tuple[int, int, str]], int]:
+    """(tid per row of `ops`, the (pid, tid, name) of every track, slices in flight). A rank's tracks:
+    compute, then one per collective group, then p2p; slices that overlap in a track (async p2p) get lanes,
+    each lane a track of its own."""
+    df = pd.DataFrame({
+        "rank": ops["rank"].to_numpy(np.int64), "kind": _plain(ops["kind"]).to_numpy(),
+        "group": _plain(ops["process_group"]).to_numpy(), "start": ops["start_ns"].to_numpy(np.int64),
+        "end": ops["end_ns"].to_numpy(np.int64), "_pos": np.arange(len(ops)),
+    })
+    inflight = df["end"].to_numpy() < 0
+    df["end"] = np.maximum(np.where(inflight, t_end, df["end"]), df["start"])
+    kind = df["kind"]
+    df["track"] = np.where(kind == S.KIND_COMPUTE, "compute",
+                           np.where(df["group"] != "", kind + " " + df["group"], kind))
+    df = df.sort_values(["rank", "track", "start"], kind="stable").reset_index(drop=True)
+    lane = np.zeros(len(df), np.int64)
+    for idx in df.groupby(["rank", "track"], sort=False).indices.values():
+        lane[idx] = _lanes(df["start"].to_numpy()[idx], df["end"].to_numpy()[idx])
+    df["lane"] = lane
+    tracks = df[["rank", "track", "lane"]].drop_duplicates()
+    order = {"compute": 0, "collective": 1, "p2p": 2}
+    tracks = tracks.assign(_o=tracks["track"].map(lambda t: order.get(t.split(" ", 1)[0], 3)))
+    tracks = tracks.sort_values(["rank", "_o", "track", "lane"])
+    tracks["tid"] = tracks.groupby("rank").cumcount() + 1
+    df = df.merge(tracks[["rank", "track", "lane", "tid"]], on=["rank", "track", "lane"], how="left")
+    track_rows = [(int(r), int(tid), tr + (f" ({ln + 1})" if ln else ""))
+                  for r, tr, ln, tid in tracks[["rank", "track", "lane", "tid"]].itertuples(index=False)]
+    return _tid_lookup(ops, df), track_rows, int(inflight.sum())
 
-    # ---- flows --------------------------------------------------------------------------
-    if send_side is not None and len(send_side):
-        ids = np.arange(1, len(send_side) + 1)
-        s = ('{"ph":"s","cat":"p2p","name":"send->recv","id":' + pd.Series(ids.astype(str), dtype=object)
-             + ',"pid":' + pd.Series(send_side["rank"].astype(str).to_numpy(), dtype=object)
-             + ',"tid":' + pd.Series(send_side["tid"].astype(str).to_numpy(), dtype=object)
-             + ',"ts":' + _jnum(send_side["ts"].to_numpy()) + '}')
-        f = ('{"ph":"f","bp":"e","cat":"p2p","name":"send->recv","id":' + pd.Series(ids.astype(str), dtype=object)
-             + ',"pid":' + pd.Series(recv_side["rank"].astype(str).to_numpy(), dtype=object)
-             + ',"tid":' + pd.Series(recv_side["tid"].astype(str).to_numpy(), dtype=object)
-             + ',"ts":' + _jnum(recv_side["ts"].to_numpy()) + '}')
-        chunks.append(",\n".join(s.tolist()))
-        chunks.append(",\n".join(f.tolist()))
-        stats["flows"] = int(len(ids))
 
-    # ---- instants (markers, not heartbeats) ---------------------------------------------------
-    marks = instants[_plain(instants["op_name"]) != S.HEARTBEAT] if len(instants) else instants
+def _flow_chunks(send_side: pd.DataFrame, recv_side: pd.DataFrame) -> list[str]:
+    """The flow arrows from each send to its matched recv: one start ("s") and one finish ("f") per pair."""
+    ids = np.arange(1, len(send_side) + 1)
+    s = ('{"ph":"s","cat":"p2p","name":"send->recv","id":' + pd.Series(ids.astype(str), dtype=object)
+         + ',"pid":' + pd.Series(send_side["rank"].astype(str).to_numpy(), dtype=object)
+         + ',"tid":' + pd.Series(send_side["tid"].astype(str).to_numpy(), dtype=object)
+         + ',"ts":' + _jnum(send_side["ts"].to_numpy()) + '}')
+    f = ('{"ph":"f","bp":"e","cat":"p2p","name":"send->recv","id":' + pd.Series(ids.astype(str), dtype=object)
+         + ',"pid":' + pd.Series(recv_side["rank"].astype(str).to_numpy(), dtype=object)
+         + ',"tid":' + pd.Series(recv_side["tid"].astype(str).to_numpy(), dtype=object)
+         + ',"ts":' + _jnum(recv_side["ts"].to_numpy()) + '}')
+    return [",\n".join(s.tolist()), ",\n".join(f.tolist())]
+
+
+def _instant_chunk(marks: pd.DataFrame, track_rows: list[tuple[int, int, str]], t0: int) -> str:
+    """The markers as instant events, on a "markers" track per rank (appended to `track_rows`)."""
     marker_tid = {}
-    if len(marks):
-        for r in sorted(set(marks["rank"].astype(int))):
-            tid = 1 + max([t for (p, t, _) in track_rows if p == r], default=0)
-            marker_tid[r] = tid
-            track_rows.append((r, tid, "markers"))
-        tids = marks["rank"].astype(int).map(marker_tid).astype(int)
-        line = ('{"ph":"i","s":"t","pid":' + pd.Series(marks["rank"].astype(int).astype(str).to_numpy(), dtype=object)
-                + ',"tid":' + pd.Series(tids.astype(str).to_numpy(), dtype=object)
-                + ',"ts":' + _jnum((marks["t_ns"].to_numpy(np.int64) - t0) / 1000.0)
-                + ',"name":' + _jstr(marks["op_name"]).reset_index(drop=True)
-                + ',"args":{"message":' + _jstr(marks["message"]).reset_index(drop=True)
-                + ',"step":' + pd.Series(marks["step"].astype(int).astype(str).to_numpy(), dtype=object) + '}}')
-        chunks.append(",\n".join(line.tolist()))
-        stats["instants"] = int(len(marks))
+    for r in sorted(set(marks["rank"].astype(int))):
+        tid = 1 + max([t for (p, t, _) in track_rows if p == r], default=0)
+        marker_tid[r] = tid
+        track_rows.append((r, tid, "markers"))
+    tids = marks["rank"].astype(int).map(marker_tid).astype(int)
+    line = ('{"ph":"i","s":"t","pid":' + pd.Series(marks["rank"].astype(int).astype(str).to_numpy(), dtype=object)
+            + ',"tid":' + pd.Series(tids.astype(str).to_numpy(), dtype=object)
+            + ',"ts":' + _jnum((marks["t_ns"].to_numpy(np.int64) - t0) / 1000.0)
+            + ',"name":' + _jstr(marks["op_name"]).reset_index(drop=True)
+            + ',"args":{"message":' + _jstr(marks["message"]).reset_index(drop=True)
+            + ',"step":' + pd.Series(marks["step"].astype(int).astype(str).to_numpy(), dtype=object) + '}}')
+    return ",\n".join(line.tolist())
 
-    # ---- counters -----------------------------------------------------------------------------
+
+def _counter_chunks(trace: Trace, t0: int) -> tuple[list[str], int]:
+    """(counter tracks of the samples and metrics, one chunk per column; how many values)."""
+    chunks: list[str] = []
+    count = 0
     for table, specs in ((trace.samples, [(c, n, k) for c, n, k in _SAMPLE_COUNTERS]),
                          (trace.metrics, [(c, n, 1.0) for c, n in _METRIC_COUNTERS])):
         if not len(table):
@@ -186,9 +218,12 @@ def export_perfetto(trace: Trace, out_path: str | os.PathLike[str]) -> dict[str,
                     + ',"ts":' + _jnum((sub["time_ns"].to_numpy(np.int64) - t0) / 1000.0)
                     + ',"args":{"value":' + _jnum(vals[ok] * scale, 6) + '}}')
             chunks.append(",\n".join(line.tolist()))
-            stats["counters"] += int(ok.sum())
+            count += int(ok.sum())
+    return chunks, count
 
-    # ---- metadata -----------------------------------------------------------------------------
+
+def _metadata(trace: Trace, track_rows: list[tuple[int, int, str]]) -> list[dict[str, Any]]:
+    """Process (rank) and thread (track) names and sort order."""
     meta = []
     for r, info in sorted(trace.ranks.items()):
         label = f"rank {r}" + (f" @ {info.host}" if info.host else "") + ("" if info.present else " (no trace)")
@@ -197,11 +232,11 @@ def export_perfetto(trace: Trace, out_path: str | os.PathLike[str]) -> dict[str,
     for pid, tid, name in track_rows:
         meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid, "args": {"name": name}})
         meta.append({"ph": "M", "name": "thread_sort_index", "pid": pid, "tid": tid, "args": {"sort_index": tid}})
-    stats["processes"] = len(trace.ranks)
-    stats["tracks"] = len(track_rows)
-    other = {"generator": "ncclscope", "ncclscope_schema": S.SCHEMA_VERSION, "t0_ns": int(t0),
-             "source": str(trace.run.get("source", "ncclscope")), "path": str(trace.path)}
+    return meta
 
+
+def _write(out: Path, other: dict[str, Any], meta: list[dict[str, Any]], chunks: list[str]) -> None:
+    """The JSON file, written to a temporary name and renamed (a reader never sees half a file)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(out.name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -213,9 +248,6 @@ def export_perfetto(trace: Trace, out_path: str | os.PathLike[str]) -> dict[str,
                 fh.write(c)
         fh.write("\n]}\n")
     os.replace(tmp, out)
-    stats["events"] = len(meta) + stats["slices"] + 2 * stats["flows"] + stats["instants"] + stats["counters"]
-    stats["bytes"] = out.stat().st_size
-    return stats
 
 
 def _tid_lookup(ops: pd.DataFrame, df: pd.DataFrame) -> np.ndarray:

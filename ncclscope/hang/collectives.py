@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 import pandas as pd
 
 from ncclscope import schema as S
-from ncclscope.findings import Evidence, Finding, InstanceRef, WaitSummary
+from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, InstanceRef, WaitSummary
 from ncclscope.hang.a2a import split_deviations
 from ncclscope.index.views import IndexLike, TraceIndex, as_index
 from ncclscope.index.instances import find_deviations, find_history_deviations, merge_history, near_instances, type_value
@@ -45,6 +45,11 @@ from ncclscope.hang.wording import since as since_text
 
 if TYPE_CHECKING:
     from ncclscope.load.trace import Trace
+
+# The JSON order of a mismatch's `data` (its cause's claims among them), as earlier releases wrote it;
+# `died_inside` is added by diagnose when dead ranks died inside the instance.
+MISMATCH_LAYOUT = ("process_group", "seq", "categories", "ambiguous", "deviant_ranks", "later_instances",
+                   "unfinished", "basis", "absent_ranks", "call_site", "died_inside")
 
 
 @dataclass
@@ -61,7 +66,7 @@ def analyze_collectives(source: IndexLike, max_per_group: int = 5) -> Collective
     ix = as_index(source)
     coll, inst = ix.coll, ix.instances
     dev = find_deviations(coll)
-    dev = merge_history(dev, find_history_deviations(coll, inst, dev, ix.kinds))
+    dev = merge_history(dev, find_history_deviations(coll, inst, dev, ix.kinds, ix.members))
     splits = split_deviations(ix)
     if len(splits):
         dev = pd.concat([dev, splits], ignore_index=True) if len(dev) else splits
@@ -149,11 +154,11 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
     ev.sort(key=lambda e: (not e.note.startswith("deviant"), e.rank))
     return Finding(kind="collective_mismatch", severity="error", title=title, ranks=named, evidence=ev[:24],
                    instance=InstanceRef(g, k),
-                   data={"process_group": g, "seq": k, "categories": cats, "ambiguous": tie,
-                         "deviant_ranks": sorted(int(x) for x in rows["rank"].unique()),
-                         "later_instances": later, "unfinished": bool(len(notok)),
-                         "basis": "history" if history else "instance", "absent_ranks": absent,
-                         "call_site": site})
+                   data={"process_group": g, "seq": k, "categories": cats, "call_site": site},
+                   cause=Cause(basis=CauseBasis.HISTORY if history else CauseBasis.INSTANCE, ambiguous=tie,
+                               deviant_ranks=tuple(sorted(int(x) for x in rows["rank"].unique())),
+                               absent_ranks=tuple(absent), unfinished=bool(len(notok)), later_instances=later),
+                   layout=MISMATCH_LAYOUT)
 
 
 def _end_states(trace: Trace, ranks: list[int]) -> str:
@@ -203,7 +208,8 @@ def _summary_finding(ix: TraceIndex, g: str, rest: list[tuple[int, pd.DataFrame]
     return Finding(kind="collective_mismatch", severity="warning",
                    title=f"{len(seqs)} more mismatched instance{'s' if len(seqs) > 1 else ''} on "
                          f"{ix.label(g)} not listed (first #{k0}; ranks {','.join(map(str, ranks[:16]))})",
-                   ranks=ranks, evidence=ev, data={"process_group": g, "seqs": seqs[:1000], "summary": True})
+                   ranks=ranks, evidence=ev, data={"process_group": g, "seqs": seqs[:1000]},
+                   cause=Cause(summary=True))
 
 
 def _missing_findings(ix: TraceIndex, max_per_group: int, max_total: int = 12) -> list[Finding]:
@@ -260,6 +266,6 @@ def _missing_findings(ix: TraceIndex, max_per_group: int, max_total: int = 12) -
             ranks=sorted(int(r) for r in rest["rank"].unique())[:64],
             evidence=[Evidence(rank=int(first["rank"]), note=f"never began #{int(first['seq'])}",
                                process_group=str(first["process_group"]), seq=int(first["seq"]))],
-            data={"categories": ["state"], "missing_participant": True, "summary": True}))
+            data={"categories": ["state"], "missing_participant": True}, cause=Cause(summary=True)))
     return findings
 

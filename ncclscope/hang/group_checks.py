@@ -30,14 +30,14 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pandas as pd
 
-from ncclscope.findings import Evidence, Finding, InstanceRef, WaitSummary
+from ncclscope.findings import Cause, Evidence, Finding, InstanceRef, WaitSummary, WrongCall
 from ncclscope.index.views import IndexLike, TraceIndex, as_index
 from ncclscope.hang.group_order import creation_order_findings
 from ncclscope.index.instances import near_instances
 from ncclscope.index.labels import group_label, kind_of, majority_vote, rank_label
 from ncclscope.index.membership import INFERRED_PREFIX
-from ncclscope.hang.wording import duration, wait_seconds
-from ncclscope.hang.wrong_site import _since, find_wrong_group_by_site  # noqa: F401 - re-exported
+from ncclscope.hang.wording import duration, wait_seconds, wait_since
+from ncclscope.hang.wrong_site import WRONG_GROUP_LAYOUT, find_wrong_group_by_site
 
 if TYPE_CHECKING:
     from ncclscope.load.trace import Trace
@@ -69,7 +69,7 @@ DEATH_SLACK_NS = 1_500_000_000   # a rank's last record may precede its death by
 
 
 def with_partner_deaths(ix: TraceIndex, f: Finding) -> Finding:
-    """`f` with `data["partner_deaths"]`: the dead members (culprit aside) of the group the wrong call went
+    """`f` with `cause.partner_deaths`: the dead members (culprit aside) of the group the wrong call went
     to or of the group it was meant for, that were still alive when the wrong call was posted.
 
     gloo pairs the wrong call with whatever its new partners post on that group (or leaves the intended
@@ -78,11 +78,12 @@ def with_partner_deaths(ix: TraceIndex, f: Finding) -> Finding:
     call": the rank's last record (event or heartbeat) is at most DEATH_SLACK_NS before it, since a rank
     blocked in a collective writes nothing until it dies; a rank with no record at all counts only when
     it died of SIGABRT (gloo's abort), since nothing else says when it died."""
-    t = f.data.get("wrong_ns")
+    wrong = f.cause.wrong
+    t = wrong.ns if wrong is not None else None
     if t is None or t < 0:
         return f
-    ms = set(ix.members.get(str(f.data.get("wrong_group", "")), [])) | set(ix.members.get(str(f.data.get(
-        "process_group", "")), []))
+    meant = f.instance.group if f.instance is not None else str(f.data.get("process_group", ""))
+    ms = set(ix.members.get(wrong.group, [])) | set(ix.members.get(meant, []))
     st = ix.rank_states
     cand = sorted(r for r in ms - set(f.ranks) if r in st.index and bool(st.at[r, "dead"]))
     deaths = []
@@ -93,7 +94,7 @@ def with_partner_deaths(ix: TraceIndex, f: Finding) -> Finding:
             deaths.append(int(r))
     if not deaths:
         return f
-    return replace(f, data={**f.data, "partner_deaths": deaths})
+    return replace(f, cause=replace(f.cause, partner_deaths=tuple(deaths)))
 
 
 def check_group_views(source: IndexLike, max_findings: int = 16) -> tuple[list[Finding], pd.DataFrame]:
@@ -154,8 +155,8 @@ def _view_finding(trace: Trace, attr: str, odd: list[int], names: list[str], sub
           .head(24).itertuples(index=False)]
     return Finding(kind="group_mismatch", severity="error", title=title, ranks=odd[:1] if tie else odd,
                    evidence=ev, data={"process_group": names[0], "groups": names, "attribute": attr,
-                                      "majority": str(first["majority"].iloc[0]), "ambiguous": tie,
-                                      "deviant_ranks": odd})
+                                      "majority": str(first["majority"].iloc[0])},
+                   cause=Cause(ambiguous=tie, deviant_ranks=tuple(odd)))
 
 
 def check_orthogonality(source: IndexLike) -> list[Finding]:
@@ -273,29 +274,8 @@ def find_wrong_group(source: IndexLike, max_findings: int = 16) -> list[Finding]
     c = c.merge(legit.drop_duplicates().assign(legit=True), on=["process_group", "seq", "rank", "wrong_group"],
                 how="left")
     c = c[c["legit"].isna()]
-    # The group b chose must be less supported than the one it skipped: in the case above 2 of 3
-    # dp0 members entered dp0 #3 but only b entered its world instance, never the other way round.
     if len(c):
-        # Support for h's instance: members that issued the same call there (a member that is in
-        # (h, seq) from another call site was doing its own thing, not joining b).
-        cand_inst = c[["wrong_group", "wrong_seq", "key"]].drop_duplicates()
-        h_rows = near_instances(coll, cand_inst["wrong_group"], cand_inst["wrong_seq"]).merge(
-                            cand_inst[["wrong_group", "wrong_seq"]].drop_duplicates(),
-                            left_on=["process_group", "collective_seq_id"], right_on=["wrong_group", "wrong_seq"])
-        h_rows = h_rows.assign(key=_match_key(h_rows)).merge(cand_inst, on=["wrong_group", "wrong_seq", "key"])
-        counts = h_rows.groupby(["wrong_group", "wrong_seq", "key"]).size()
-        c = c.merge(counts.rename("h_began").reset_index(), on=["wrong_group", "wrong_seq", "key"], how="left")
-        h_members = c["wrong_group"].map(lambda n: len(members.get(str(n), [])) or 1)
-        g_frac = c["n_began"] / c["n_members"].clip(lower=1)
-        h_frac = c["h_began"].fillna(1) / h_members
-        # A tie (1 of 2 entered each: two-member groups, or the partner's rows died with it) is
-        # decided by what that call site uses everywhere else: the group kind of every other
-        # call from it, on every rank and step. b's call is the odd one when the site's kind is g's.
-        site_kind = _site_kinds(coll, c, kind)
-        g_kind = kind(c["process_group"])
-        tie_ok = (h_frac == g_frac) & (c["ref_call_site"] != "") \
-            & (c["ref_call_site"].astype("str").map(site_kind) == g_kind) & (c["wrong_kind"] != g_kind)
-        c = c[(h_frac < g_frac) | tie_ok]
+        c = _less_supported(c, coll, members, kind)
     c = c.sort_values("start_ns").drop_duplicates(["process_group", "seq", "rank"])
     findings = []
     for (g, k), sub in c.groupby(["process_group", "seq"], sort=True):
@@ -303,6 +283,33 @@ def find_wrong_group(source: IndexLike, max_findings: int = 16) -> list[Finding]
         if len(findings) >= max_findings:
             break
     return findings
+
+
+def _less_supported(c: pd.DataFrame, coll: pd.DataFrame, members: dict[str, list[int]],
+                    kind: Callable[[pd.Series], pd.Series]) -> pd.DataFrame:
+    """The candidates whose group h is less supported than the group g they skipped."""
+    # The group b chose must be less supported than the one it skipped: in the case above 2 of 3
+    # dp0 members entered dp0 #3 but only b entered its world instance, never the other way round.
+    # Support for h's instance: members that issued the same call there (a member that is in
+    # (h, seq) from another call site was doing its own thing, not joining b).
+    cand_inst = c[["wrong_group", "wrong_seq", "key"]].drop_duplicates()
+    h_rows = near_instances(coll, cand_inst["wrong_group"], cand_inst["wrong_seq"]).merge(
+        cand_inst[["wrong_group", "wrong_seq"]].drop_duplicates(),
+        left_on=["process_group", "collective_seq_id"], right_on=["wrong_group", "wrong_seq"])
+    h_rows = h_rows.assign(key=_match_key(h_rows)).merge(cand_inst, on=["wrong_group", "wrong_seq", "key"])
+    counts = h_rows.groupby(["wrong_group", "wrong_seq", "key"]).size()
+    c = c.merge(counts.rename("h_began").reset_index(), on=["wrong_group", "wrong_seq", "key"], how="left")
+    h_members = c["wrong_group"].map(lambda n: len(members.get(str(n), [])) or 1)
+    g_frac = c["n_began"] / c["n_members"].clip(lower=1)
+    h_frac = c["h_began"].fillna(1) / h_members
+    # A tie (1 of 2 entered each: two-member groups, or the partner's rows died with it) is
+    # decided by what that call site uses everywhere else: the group kind of every other
+    # call from it, on every rank and step. b's call is the odd one when the site's kind is g's.
+    site_kind = _site_kinds(coll, c, kind)
+    g_kind = kind(c["process_group"])
+    tie_ok = (h_frac == g_frac) & (c["ref_call_site"] != "") \
+        & (c["ref_call_site"].astype("str").map(site_kind) == g_kind) & (c["wrong_kind"] != g_kind)
+    return c[(h_frac < g_frac) | tie_ok]
 
 
 def _site_kinds(coll: pd.DataFrame, c: pd.DataFrame, kind) -> dict[str, str]:
@@ -334,7 +341,7 @@ def _wrong_group_finding(ix: TraceIndex, g: str, k: int, sub: pd.DataFrame, inst
     title = (f"{rank_label(trace, deviants)} called {row['op_name']} on {ix.label(h)} "
              f"instead of {ix.label(g)} (#{k}) at {site}"
              + (f" (step {step})" if step >= 0 else ""))
-    since = _since(ix, waiting["start_ns"])
+    since = wait_since(ix.end_ns, waiting["start_ns"])
     if len(waiting):
         title += (f"; {rank_label(trace, waiting['rank'])} waiting in {row['op_name']} #{k} on {g}"
                   + (f" since {duration(since)}" if duration(since) else ""))
@@ -343,14 +350,15 @@ def _wrong_group_finding(ix: TraceIndex, g: str, k: int, sub: pd.DataFrame, inst
                    seq=int(r.wrong_seq), op_id=int(r.op_id), time_ns=int(r.start_ns))
           for r in sub.itertuples(index=False)]
     ev += [Evidence(rank=int(r.rank), note=f"in {g} #{k}: {r.status}"
-                    + (f", waiting since {duration(_since(ix, pd.Series([r.start_ns])))}"
-                       if str(r.status) != "ok" and duration(_since(ix, pd.Series([r.start_ns]))) else ""),
+                    + (f", waiting since {duration(wait_since(ix.end_ns, pd.Series([r.start_ns])))}"
+                       if str(r.status) != "ok" and duration(wait_since(ix.end_ns, pd.Series([r.start_ns]))) else ""),
                     op_name=str(r.op_name), process_group=g, seq=k, op_id=int(r.op_id), time_ns=int(r.start_ns))
            for r in began.head(16).itertuples(index=False)]
     return Finding(kind="wrong_group", severity="error", title=title, ranks=deviants, evidence=ev,
                    instance=InstanceRef(g, k), wait=WaitSummary(waiting_ranks=tuple(int(r) for r in waiting["rank"]),
                                                                 wait_s=wait_seconds(ix.end_ns, waiting["start_ns"].min())
                                                                 if len(waiting) else None),
-                   data={"process_group": g, "seq": k, "wrong_group": h, "call_site": str(row["ref_call_site"]),
-                         "step": step, "wrong_seq": int(row["wrong_seq"]), "wrong_ns": int(sub["start_ns"].min())})
+                   data={"process_group": g, "seq": k, "call_site": str(row["ref_call_site"]), "step": step},
+                   cause=Cause(wrong=WrongCall(h, int(row["wrong_seq"]), int(sub["start_ns"].min()))),
+                   layout=WRONG_GROUP_LAYOUT)
 

@@ -20,7 +20,7 @@ the same name with different members. gloo writes an empty pg_config
   groups of one kind. The rank whose calls from site A all land on a group
   its other users call only from site B, and whose calls from B land on a
   group the others call only from A, has its groups' names permuted: that is
-  a creation order, not one wrong call (`groups.find_wrong_group_by_site`,
+  a creation order, not one wrong call (`wrong_site.find_wrong_group_by_site`,
   which needs the rest of the rank's calls from A to go to the right kind of
   group). At least two groups must be crossed, every call from those sites
   crossed, and the sites the rank uses there exactly the sites the others use
@@ -38,13 +38,15 @@ import re
 import numpy as np
 import pandas as pd
 
-from ncclscope.findings import Evidence, Finding, InstanceRef
+from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, InstanceRef
 from ncclscope.index.views import IndexLike, TraceIndex, as_index
 from ncclscope.index.labels import rank_label
 
 MIN_CROSSED = 2                   # a permutation crosses at least two groups
 MAX_FINDINGS = 8
 MAX_SHOWN = 3                     # groups spelled out in a title
+# The JSON order of the finding's `data` (its cause's claims among them), as earlier releases wrote it.
+ORDER_LAYOUT = ("attribute", "basis", "process_group", "groups", "deviant_ranks", "ambiguous", "crossed")
 _SKIP_KINDS = ("world",)          # default_pg: one group, nothing to order
 _MEMBERS = re.compile(r"\[[^\[\]]*\]$")
 
@@ -283,6 +285,6 @@ def _finding(ix: TraceIndex, use: pd.DataFrame, r: int, crossed: list[dict], tit
     inst = InstanceRef(ev[0].process_group, ev[0].seq) if ev and ev[0].rank == r else None
     return Finding(kind="group_mismatch", severity="error", title=title, ranks=[r], evidence=ev,
                    instance=inst, involved=involved,
-                   data={"attribute": "creation_order", "basis": basis, "process_group": crossed[0]["mine"],
-                         "groups": names, "deviant_ranks": [r], "ambiguous": False,
-                         "crossed": [dict(c) for c in crossed[:16]]})
+                   data={"attribute": "creation_order", "process_group": crossed[0]["mine"], "groups": names,
+                         "crossed": [dict(c) for c in crossed[:16]]},
+                   cause=Cause(basis=CauseBasis(basis), deviant_ranks=(r,), ambiguous=False), layout=ORDER_LAYOUT)

@@ -31,7 +31,7 @@ import re
 import numpy as np
 import pandas as pd
 
-from ncclscope.findings import Evidence, Finding, InstanceRef, WaitSummary
+from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, InstanceRef, WaitSummary
 from ncclscope.index.views import TraceIndex
 from ncclscope.load.fr_merge import INFERRED
 from ncclscope.index.labels import rank_label
@@ -187,4 +187,5 @@ def _finding(ix: TraceIndex, key: tuple[str, int], w: object, late: pd.DataFrame
                    instance=InstanceRef(g, k), instances=[InstanceRef(g, k)], involved=sorted(set(lr) | set(on_time)),
                    wait=wait, data={"late_by_s": round((arrived - int(w.start_ns)) / 1e9, 3) if who not in never else None,
                                     "never_arrived": never, "waiter_timeout_s": round(waited, 3),
-                                    "call_site": frame, "basis": "late-arrival"})
+                                    "call_site": frame},
+                   cause=Cause(basis=CauseBasis.LATE_ARRIVAL))

@@ -19,6 +19,7 @@ so dumps without timestamps are read the same; the period and phase come from
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -42,7 +43,7 @@ class Departure:
     expected_op: str
 
 
-def _sequence(coll: pd.DataFrame, rank: int) -> pd.DataFrame:
+def rank_sequence(coll: pd.DataFrame, rank: int) -> pd.DataFrame:
     c = coll[(coll["rank"] == rank).to_numpy()]
     return c.sort_values("op_id", kind="stable")[["op_id", "op_name", "process_group", "call_site"]]
 
@@ -54,7 +55,7 @@ def _tokens(seq: pd.DataFrame) -> list[str]:
 
 def departure(coll: pd.DataFrame, rank: int) -> Departure | None:
     """The rank's first call that breaks its repetition, or None when it never repeats or never breaks."""
-    seq = _sequence(coll, rank)
+    seq = rank_sequence(coll, rank)
     toks = _tokens(seq)
     rep = virtual_steps(toks)
     if rep is None:
@@ -72,7 +73,7 @@ def departure(coll: pd.DataFrame, rank: int) -> Departure | None:
 
 def keeps_loop(coll: pd.DataFrame, rank: int) -> bool:
     """Does the rank's whole sequence, to its last call, repeat one loop body at least MIN_REPEATS times?"""
-    return repeats_to_end(_tokens(_sequence(coll, rank)))
+    return repeats_to_end(_tokens(rank_sequence(coll, rank)))
 
 
 def left_loop_at(coll: pd.DataFrame, target: int, blocked_op_id: int, group: str) -> Departure | None:
@@ -81,6 +82,41 @@ def left_loop_at(coll: pd.DataFrame, target: int, blocked_op_id: int, group: str
     if d is None or d.op_id != blocked_op_id or d.expected_group != group:
         return None
     return d
+
+
+def passed_in_loop(seq: pd.DataFrame, blocked_op_id: int, op: str, group: str, site: str) -> bool | None:
+    """Did the rank go past (op on group from site) to reach the op it is blocked in?
+
+    True: in its own loop the call comes before the blocked one, and this iteration it is missing (it
+    skipped it: a departure). False: the call follows the blocked one, the rank simply has not reached it
+    yet (it waits earlier in its own loop: not a skip, whatever a majority of the group did). None: the
+    rank's history cannot say (the blocked call never ran before, or the call is in neither period).
+
+    `seq` is the rank's collectives in issue order (op_id). The blocked call's previous occurrence Yp and
+    the one before it Ypp bound one period of its loop, whatever the loop looks like: the call occurring
+    between Yp and the blocked op means it follows the blocked call in the loop (not reached); occurring only
+    between Ypp and Yp means it precedes it and was left out this time (passed)."""
+    ops = seq["op_name"].astype(str).to_numpy()
+    groups = seq["process_group"].astype(str).to_numpy()
+    sites = seq["call_site"].astype(str).to_numpy()
+    ids = seq["op_id"].to_numpy()
+    at = np.flatnonzero(ids == blocked_op_id)
+    if not len(at):
+        return None
+    iy = int(at[0])
+    same_y = np.flatnonzero((ops[:iy] == ops[iy]) & (groups[:iy] == groups[iy]) & (sites[:iy] == sites[iy]))
+    if not len(same_y):
+        return None
+    iyp = int(same_y[-1])
+    iypp = int(same_y[-2]) if len(same_y) > 1 else -1
+    is_x = (ops == op) & (groups == group)
+    if site:
+        is_x &= sites == site
+    if is_x[iyp + 1:iy].any():
+        return False
+    if is_x[iypp + 1:iyp].any():
+        return True
+    return None
 
 
 def looped(edge: pd.Series) -> bool:
@@ -109,3 +145,35 @@ def loop_leavers(ctx: WaitContext, tied: pd.DataFrame) -> pd.DataFrame:
             if n_blocked.get(int(e.target), 0) == 1 and keeps_loop(sub, int(e.waiter))
             and left_loop_at(sub, int(e.target), int(e.target_op), str(e.process_group)) is not None]
     return cand.iloc[keep].drop(columns=["target_group", "target_op"]).assign(loop=True)
+
+
+def loop_says(ctx: WaitContext, e: Any) -> bool | None:
+    """Did target `e.target` pass the instance (e.process_group #e.seq) that `e.waiter` waits in, by its own loop?
+    (loop_order.passed_in_loop; the call site is the waiter's for that instance.)"""
+    b = ctx.blocking
+    tb = b[(b["rank"] == e.target).to_numpy() & (b["kind"] == S.KIND_COLLECTIVE).to_numpy()]
+    wb = b[(b["rank"] == e.waiter).to_numpy() & (b["op_id"] == e.op_id).to_numpy()]
+    if len(tb) != 1:
+        return None
+    site = str(wb["call_site"].iloc[0]) if len(wb) else ""
+    coll = ctx.coll
+    return passed_in_loop(rank_sequence(coll, int(e.target)), int(tb["op_id"].iloc[0]), str(e.op_name),
+                          str(e.process_group), site)
+
+
+def loop_passers(ctx: WaitContext, e0: pd.DataFrame) -> pd.DataFrame:
+    """Edges with no majority (1 of 2 began) into a target blocked in a collective on another group whose own
+    loop put this instance before the op it is blocked in (it went past it), while the waiter did not go
+    past anything to be where it is. At most MAX_LOOP_CHECKS edges are read."""
+    tied = e0[2 * e0["n_began"] <= e0["n_members"]].drop_duplicates(["waiter", "target", "process_group"])
+    tied = tied.head(MAX_LOOP_CHECKS)
+    if not len(tied):
+        return e0.iloc[0:0]
+    passed = {i for i, e in enumerate(tied.itertuples(index=False)) if loop_says(ctx, e) is True}
+    if not passed:
+        return e0.iloc[0:0]
+    passers = {int(tied["target"].iloc[i]) for i in passed}
+    # a waiter that itself passed an instance another cycle member waits in is a deviant too: then the
+    # loops cannot single out one rank, and the rule says nothing
+    keep = [i for i in passed if int(tied["waiter"].iloc[i]) not in passers]
+    return tied.iloc[keep]

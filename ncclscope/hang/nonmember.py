@@ -17,13 +17,18 @@ rank with every group on purpose, and a healthy run must stay quiet.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 from ncclscope import schema as S
-from ncclscope.findings import Evidence, Finding, InstanceRef, WaitSummary
+from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, InstanceRef, WaitSummary, WrongCall
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import rank_label
 from ncclscope.hang.wording import duration, wait_ns, wait_seconds
 
 MAX_FINDINGS = 16
+# The JSON order of the finding's `data` (its cause's claims among them), as earlier releases wrote it.
+NONMEMBER_LAYOUT = ("call_site", "basis", "wrong_group", "calls", "step", "wrong_ns", "process_group", "seq",
+                    "partner_deaths")
 
 
 def find_nonmember_calls(source: IndexLike) -> list[Finding]:
@@ -67,8 +72,8 @@ def _finding(ix, c) -> Finding:
     where = f" at {site}" if site else ""
     title = (f"{rank_label(trace, [rank])} called {op}{where} on a process group it is not a member of, "
              f"so torch returned without communicating" + (f" ({int(c.n)} calls)" if c.n > 1 else ""))
-    data = {"call_site": site, "basis": "not_member", "wrong_group": "", "calls": int(c.n),
-            "step": int(c.step), "wrong_ns": int(c.first_ns)}
+    data = {"call_site": site, "calls": int(c.n), "step": int(c.step)}
+    cause = Cause(basis=CauseBasis.NOT_MEMBER, wrong=WrongCall("", None, int(c.first_ns)))
     evidence = [Evidence(rank=rank, note=f"{op}{where}: not a member of the group passed; a no-op",
                          op_name=op, time_ns=int(c.first_ns))]
     missing = ix.missing
@@ -80,7 +85,7 @@ def _finding(ix, c) -> Finding:
         data["process_group"] = usual
     if not len(miss):
         return Finding(kind="wrong_group", severity="info", title=title, ranks=[rank], evidence=evidence,
-                       data=data)
+                       data=data, cause=cause, layout=NONMEMBER_LAYOUT)
     seq = int(miss["seq"].min())
     coll = ix.coll
     waiting = coll[(coll["process_group"] == usual).to_numpy() & (coll["collective_seq_id"].to_numpy() == seq)
@@ -95,10 +100,11 @@ def _finding(ix, c) -> Finding:
                           op_name=str(w.op_name), process_group=usual, seq=seq, op_id=int(w.op_id),
                           time_ns=int(w.start_ns)) for w in waiting.head(8).itertuples(index=False)]
     # members left waiting in that instance that then died (killed by the launcher, aborted by gloo) died of it
-    data.update(seq=seq, partner_deaths=[int(r) for r in waiting["rank"].unique()
-                                         if int(r) in trace.ranks and trace.ranks[int(r)].died])
+    data["seq"] = seq
+    cause = replace(cause, partner_deaths=tuple(int(r) for r in waiting["rank"].unique()
+                                                if int(r) in trace.ranks and trace.ranks[int(r)].died))
     wait_s = wait_seconds(ix.end_ns, waiting["start_ns"].min()) if len(waiting) else None
     return Finding(kind="wrong_group", severity="error", title=title, ranks=[rank], evidence=evidence,
                    instance=InstanceRef(usual, seq),
                    wait=WaitSummary(waiting_ranks=tuple(int(x) for x in waiting["rank"]),
-                                    wait_s=wait_s), data=data)
+                                    wait_s=wait_s), data=data, cause=cause, layout=NONMEMBER_LAYOUT)

@@ -32,11 +32,16 @@ import numpy as np
 import pandas as pd
 
 from ncclscope import schema as S
-from ncclscope.findings import Evidence, Finding
+from ncclscope.findings import Cause, CauseBasis, Departure, Evidence, Finding
 from ncclscope.index.views import IndexLike, TraceIndex, as_index
 from ncclscope.index.labels import rank_label
 from ncclscope.index.repetition import repeats_to_end, virtual_steps
 from ncclscope.hang.wording import since
+
+# The JSON order of an unmatched_p2p finding's `data` (its cause's claims among them), as earlier releases
+# wrote it: `departure` and `call_site` come with `with_departure`.
+UNMATCHED_LAYOUT = ("poster", "absent", "side", "src", "op_step", "op_name", "dst", "tag", "seq", "count",
+                    "tag_mismatch", "departure", "call_site")
 
 
 @dataclass
@@ -117,10 +122,10 @@ def _unmatched_findings(ix: TraceIndex, unmatched: pd.DataFrame, max_findings: i
               for r in sub.head(8).itertuples(index=False)]
         findings.append(Finding(
             kind="unmatched_p2p", severity="error", title=title, ranks=[int(absent)], evidence=ev,
-            data={"poster": int(poster), "absent": int(absent), "side": str(side), "src": int(first["src"]),
-                  "op_step": int(first["step"]), "op_name": str(first["op_name"]),
-                  "dst": int(first["dst"]), "tag": int(first["tag"]), "seq": int(first["seq"]),
-                  "count": int(len(sub)), "tag_mismatch": bool(tag_note)}))
+            data={"side": str(side), "src": int(first["src"]), "op_step": int(first["step"]),
+                  "op_name": str(first["op_name"]), "dst": int(first["dst"]), "tag": int(first["tag"]),
+                  "seq": int(first["seq"]), "count": int(len(sub)), "tag_mismatch": bool(tag_note)},
+            cause=Cause(poster=int(poster), absent=int(absent)), layout=UNMATCHED_LAYOUT))
         if len(findings) >= max_findings:
             break
     return findings
@@ -174,7 +179,7 @@ def _same(a: tuple, b: tuple) -> bool:
 
 
 def with_departure(ix: TraceIndex, f: Finding) -> Finding:
-    """`f` (unmatched_p2p) with `data["departure"]` when the absent rank left its own routine there.
+    """`f` (unmatched_p2p) with `cause.departure` when the absent rank left its own routine there.
 
     Training repeats itself: in step s-1 the absent rank posted, at this point of the step, the op that
     would have matched (the recv from the poster, say); in step s it posted something else from
@@ -184,7 +189,7 @@ def with_departure(ix: TraceIndex, f: Finding) -> Finding:
     them its consequence (diagnose.explains). Silent when either rank has no previous step to compare
     with, or when the poster left its own routine too (nothing says which of them deviated)."""
     d = f.data
-    r, q, s = int(d["absent"]), int(d["poster"]), int(d.get("op_step", -1))
+    r, q, s = int(f.cause.absent), int(f.cause.poster), int(d.get("op_step", -1))
     other = "recv" if d["side"] == "send" else "send"
     virtual = s < 1 and _one_step(ix, r)
     if virtual:                                # no step numbers: the loop's repetitions stand in for steps
@@ -224,7 +229,7 @@ def with_departure(ix: TraceIndex, f: Finding) -> Finding:
     else:
         title = (f"{rank_label(trace, [r])} skipped the {other} {prep} rank {q} at step {s} ({want[0]}): where its "
                  f"step {s - 1} posted {want[3]} {prep} rank {q}, it went to {went} ({x_site}), so {tail}")
-    dep = {"step": s, "call_site": want[0], "went_site": x_site, "went_op": x_op, "position": i,
-           "basis": "loop" if virtual else "step"}
-    return replace(f, title=title, data={**d, "departure": dep, "call_site": want[0]},
+    dep = Departure(step=s, call_site=want[0], went_site=x_site, went_op=x_op, position=i,
+                    basis=CauseBasis.LOOP if virtual else CauseBasis.STEP)
+    return replace(f, title=title, data={**d, "call_site": want[0]}, cause=replace(f.cause, departure=dep),
                    involved=sorted({r, q}))

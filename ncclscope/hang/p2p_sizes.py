@@ -17,8 +17,8 @@ import numpy as np
 import pandas as pd
 
 from ncclscope import schema as S
-from ncclscope.findings import Evidence, Finding
-from ncclscope.load.trace import STATUS_INFLIGHT
+from ncclscope.findings import Cause, CauseBasis, Evidence, Finding
+from ncclscope.load.opsjoin import STATUS_INFLIGHT
 from ncclscope.index.views import TraceIndex
 from ncclscope.index.labels import rank_label
 
@@ -26,6 +26,9 @@ MIN_HISTORY = 2        # earlier calls from the site (to that peer) whose sizes/
 MAX_PAIRS = 8          # disagreeing pairs examined
 
 _STR = ("op_name", "input_sizes", "input_dtypes", "call_site")
+# The JSON order of the finding's `data` (its cause's claims among them), as earlier releases wrote it.
+PAIR_LAYOUT = ("p2p_pair", "seq", "categories", "deviant_ranks", "basis", "call_site", "died_inside",
+               "later_instances", "unfinished", "ambiguous")
 
 
 def _codes(col: pd.Series, rows: np.ndarray) -> np.ndarray:
@@ -138,6 +141,8 @@ def _finding(ix: TraceIndex, ops: pd.DataFrame, mine_pos: int, theirs_pos: int, 
                    seq=k, op_id=int(op["op_id"]), time_ns=int(op["start_ns"]), peer=int(op["peer"]))
           for tag, op in (("deviant", mine), ("kept its own", theirs))]
     return Finding(kind="collective_mismatch", severity="error", title=title, ranks=[r], evidence=ev,
-                   data={"p2p_pair": sorted({r, peer}), "seq": k, "categories": ["size" if word == "sizes" else "dtype"],
-                         "deviant_ranks": [r], "basis": "history", "call_site": site, "died_inside": inside,
-                         "later_instances": 0, "unfinished": str(mine["status"]) != "ok", "ambiguous": False})
+                   data={"seq": k, "categories": ["size" if word == "sizes" else "dtype"], "call_site": site},
+                   cause=Cause(basis=CauseBasis.HISTORY, p2p_pair=tuple(sorted({r, peer})), deviant_ranks=(r,),
+                               died_inside=tuple(inside), later_instances=0,
+                               unfinished=str(mine["status"]) != "ok", ambiguous=False),
+                   layout=PAIR_LAYOUT)

@@ -11,9 +11,11 @@ no verdict here (the two findings stand as they are).
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pandas as pd
 
-from ncclscope.findings import Evidence, Finding, InstanceRef, WaitSummary
+from ncclscope.findings import Evidence, Finding, FindingKind, InstanceRef, WaitSummary
 from ncclscope.index.views import TraceIndex
 from ncclscope.index.labels import rank_label
 from ncclscope.hang.wording import since
@@ -22,11 +24,11 @@ MIN_HISTORY = 2        # earlier calls from the site (to that peer) whose tags m
 
 
 def tag_deviations(ix: TraceIndex, findings: list[Finding]) -> list[Finding]:
-    """One `unmatched_p2p` finding (data `tag_deviant`) per tag-mismatched pair that history decides."""
+    """One `unmatched_p2p` finding (`cause.tag_deviant`) per tag-mismatched pair that history decides."""
     pairs: dict[tuple[int, int, int], dict[str, Finding]] = {}
     for f in findings:
         d = f.data
-        if f.kind == "unmatched_p2p" and d.get("tag_mismatch") and not d.get("summary"):
+        if f.kind == FindingKind.UNMATCHED_P2P and d.get("tag_mismatch") and not f.cause.summary:
             pairs.setdefault((int(d["src"]), int(d["dst"]), int(d["seq"])), {})[str(d["side"])] = f
     out: list[Finding] = []
     if not pairs:
@@ -86,7 +88,9 @@ def _finding(ix: TraceIndex, mine: pd.Series, theirs: pd.Series, hist: tuple[int
           Evidence(rank=peer, note=f"{theirs['op_name']} #{int(theirs['seq'])} {prep2} rank {r}: tag "
                                    f"{int(theirs['tag'])}, as its earlier ones",
                    op_name=str(theirs["op_name"]), op_id=int(theirs["op_id"]), time_ns=int(theirs["start_ns"]))]
-    data = {**base.data, "tag_deviant": True, "poster": peer, "absent": r, "call_site": site}
+    # the JSON keeps the base finding's order, with the claim that this side changed its tag after it
+    layout = tuple(dict.fromkeys([*base.json_data(), "tag_deviant", "poster", "absent", "call_site"]))
     return Finding(kind="unmatched_p2p", severity="error", title=title, ranks=[r], evidence=ev, involved=[r, peer],
                    instance=base.instance if isinstance(base.instance, InstanceRef) else None,
-                   wait=WaitSummary(waiting_ranks=tuple(sorted(blocked))), data=data)
+                   wait=WaitSummary(waiting_ranks=tuple(sorted(blocked))), data={**base.data, "call_site": site},
+                   cause=replace(base.cause, tag_deviant=True, poster=peer, absent=r), layout=layout)

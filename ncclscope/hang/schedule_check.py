@@ -90,7 +90,7 @@ def first_mismatch(observed: list[Token], expected: list[Token]) -> int:
 
 def pipeline_config(trace: Any) -> tuple[str, int, int, int] | None:
     """(schedule, pp, microbatches, vpp) from the run's config, or None when it is not a pipeline run."""
-    cfg = (getattr(trace, "run", None) or {}).get("config") or {}
+    cfg = trace.run.config
     try:
         p, v, m = int(cfg.get("pp", 1)), int(cfg.get("vpp", 1) or 1), int(cfg.get("microbatches", 1) or 1)
     except (TypeError, ValueError):
@@ -125,7 +125,10 @@ def observed_tokens(ops: pd.DataFrame, pp_of: dict[int, int]) -> pd.DataFrame:
     sub["what"] = np.where(sub["kind"] == S.KIND_COMPUTE, comp, direction(sub["op_name"]))
     pmap = pd.Series(pp_of, dtype="int64") if pp_of else pd.Series(dtype="int64")
     sub["peer_pp"] = np.where(sub["kind"] == S.KIND_P2P, sub["peer"].map(pmap).fillna(-1).astype("int64"), -1)
-    sub = sub[sub["what"] != ""]
+    # a pipeline's p2p goes to another stage: p2p with a peer at the rank's own pipeline index (context
+    # parallelism's ring, an expert exchange) is not an action of the schedule
+    own_pp = sub["rank"].map(pmap).fillna(-2).astype("int64").to_numpy()
+    sub = sub[(sub["what"] != "") & ~((sub["kind"] == S.KIND_P2P).to_numpy() & (sub["peer_pp"].to_numpy() == own_pp))]
     sub = sub.sort_values(["rank", "step", "op_id"], kind="stable").reset_index(drop=True)
     sub["pos"] = sub.groupby(["rank", "step"], sort=False).cumcount().astype("int64")
     return sub

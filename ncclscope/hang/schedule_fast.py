@@ -43,60 +43,20 @@ def _per_category(cat: pd.Series) -> tuple[np.ndarray, np.ndarray] | None:
 
 def deviating_tokens(ops: pd.DataFrame, pp_of: dict[int, int], exp: pd.DataFrame, p: int) -> pd.DataFrame | None:
     """The rows `_deviating_tokens_merge` returns, in its order, or None where this path does not apply."""
-    kind, name = ops["kind"], ops["op_name"]
-    per = _per_category(name)
-    if per is None or not isinstance(kind.dtype, pd.CategoricalDtype):
+    tok = _schedule_tokens(ops, pp_of)
+    if tok is None:
         return None
-    comp_code, p2p_code = per
-    kcats = [str(c) for c in kind.cat.categories]
-    kc = kind.cat.codes.to_numpy()
-    nc = name.cat.codes.to_numpy()
-    sel = (ops["step"].to_numpy() >= 0) & (ops["stage"].to_numpy() >= 0) & (ops["microbatch"].to_numpy() >= 0)
-    is_comp = kc == (kcats.index(S.KIND_COMPUTE) if S.KIND_COMPUTE in kcats else -2)
-    is_p2p = kc == (kcats.index(S.KIND_P2P) if S.KIND_P2P in kcats else -2)
-    rows = np.flatnonzero(sel & (is_comp | is_p2p))
-    del sel
-    ncr = nc[rows]
-    if (ncr < 0).any():                         # a null op name: the pandas path decides what it means
-        return None
-    comp_r = is_comp[rows]
-    del is_comp, is_p2p
-    what = np.where(comp_r, comp_code[ncr] if len(comp_code) else 0, p2p_code[ncr] if len(p2p_code) else 0)
-    keep = what > 0
-    rows, what, comp_r = rows[keep], what[keep], comp_r[keep]
-    # rank and step only compare: their own (int32) dtype, not int64 copies
-    rank = ops["rank"].to_numpy()[rows]
-    step = ops["step"].to_numpy()[rows]
-    op_id = ops["op_id"].to_numpy()[rows]
-    if not _in_order(rank, step, op_id):          # the loader's (rank, start) order usually is this one
-        order = np.lexsort((op_id, step, rank))   # stable: ties keep row order
-        rows, what, comp_r, rank, step = rows[order], what[order], comp_r[order], rank[order], step[order]
-        del order
-    del op_id
-    n = len(rows)
-    idx = np.arange(n, dtype=np.int64)
-    start = np.ones(n, dtype=bool)
-    start[1:] = (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])
-    pos = idx - np.maximum.accumulate(np.where(start, idx, 0)) if n else idx
-    del start, idx, step
-    pp = _lookup(pp_of, rank)
-    keep = (pp >= 0) & (pp <= p - 1)
-    rows, what, comp_r, pos, pp = rows[keep], what[keep], comp_r[keep], pos[keep], pp[keep]
-    del rank
+    rows, what, comp_r, pos, pp = _step_positions(ops, pp_of, p, *tok)
+    del tok
     peer_pp = np.where(comp_r, -1, _lookup(pp_of, ops["peer"].to_numpy()[rows].astype(np.int64)))
     del comp_r
     # compared in their own (int32) dtype; the deviating rows' values are int64 in the frame below
     stage = ops["stage"].to_numpy()[rows]
     mb = ops["microbatch"].to_numpy()[rows]
-    # the schedule as flat arrays: pipeline rank q's tokens at off[q] .. off[q] + length[q] - 1
-    e = exp.sort_values(["pp_rank", "pos"], kind="stable")
-    q_of, e_pos = e["pp_rank"].to_numpy(np.int64), e["pos"].to_numpy(np.int64)
-    length = np.bincount(q_of, minlength=p)[:p] if len(e) else np.zeros(p, dtype=np.int64)
-    if len(e) and not (e_pos == np.concatenate([np.arange(k) for k in length])).all():
+    flat = _flat_schedule(exp, p)
+    if flat is None:
         return None                             # a schedule with gaps in its positions: the merge handles it
-    off = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
-    e_what = _code_of(e["e_what"].to_numpy(dtype=object))
-    e_peer, e_stage, e_mb = (e[c].to_numpy(np.int64) for c in ("e_peer", "e_stage", "e_mb"))
+    e, off, length, e_what, e_peer, e_stage, e_mb = flat
     has = pos < length[pp]
     at = np.where(has, off[pp] + pos, 0)
     if not len(e):
@@ -127,6 +87,76 @@ def deviating_tokens(ops: pd.DataFrame, pp_of: dict[int, int], exp: pd.DataFrame
     for c, arr in (("e_peer", e_peer), ("e_stage", e_stage), ("e_mb", e_mb)):
         out[c] = np.where(hb, arr[ab] if len(e) else 0, np.nan) if not hb.all() else arr[ab]
     return out
+
+
+def _schedule_tokens(ops: pd.DataFrame, pp_of: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(rows, what code, is compute) of the ops that are actions of a pipeline schedule: compute spans and
+    p2p to another stage, with a step, stage and microbatch; None where this path does not apply."""
+    kind, name = ops["kind"], ops["op_name"]
+    per = _per_category(name)
+    if per is None or not isinstance(kind.dtype, pd.CategoricalDtype):
+        return None
+    comp_code, p2p_code = per
+    kcats = [str(c) for c in kind.cat.categories]
+    kc = kind.cat.codes.to_numpy()
+    nc = name.cat.codes.to_numpy()
+    sel = (ops["step"].to_numpy() >= 0) & (ops["stage"].to_numpy() >= 0) & (ops["microbatch"].to_numpy() >= 0)
+    is_comp = kc == (kcats.index(S.KIND_COMPUTE) if S.KIND_COMPUTE in kcats else -2)
+    is_p2p = kc == (kcats.index(S.KIND_P2P) if S.KIND_P2P in kcats else -2)
+    rows = np.flatnonzero(sel & (is_comp | is_p2p))
+    del sel
+    ncr = nc[rows]
+    if (ncr < 0).any():                         # a null op name: the pandas path decides what it means
+        return None
+    comp_r = is_comp[rows]
+    del is_comp, is_p2p
+    what = np.where(comp_r, comp_code[ncr] if len(comp_code) else 0, p2p_code[ncr] if len(p2p_code) else 0)
+    keep = what > 0
+    rows, what, comp_r = rows[keep], what[keep], comp_r[keep]
+    # a pipeline's p2p goes to another stage: p2p with a peer at the rank's own pipeline index (context
+    # parallelism's ring) is not an action of the schedule (the merge path's rule)
+    same_pp = _lookup(pp_of, ops["rank"].to_numpy()[rows].astype(np.int64)) == \
+        _lookup(pp_of, ops["peer"].to_numpy()[rows].astype(np.int64))
+    keep = comp_r | ~same_pp
+    return rows[keep], what[keep], comp_r[keep]
+
+
+def _step_positions(ops: pd.DataFrame, pp_of: dict[int, int], p: int, rows: np.ndarray, what: np.ndarray,
+                    comp_r: np.ndarray) -> tuple[np.ndarray, ...]:
+    """(rows, what, is compute, position in the rank's step, pipeline rank), sorted by (rank, step, op_id),
+    for the ranks at pipeline index 0 .. p-1."""
+    # rank and step only compare: their own (int32) dtype, not int64 copies
+    rank = ops["rank"].to_numpy()[rows]
+    step = ops["step"].to_numpy()[rows]
+    op_id = ops["op_id"].to_numpy()[rows]
+    if not _in_order(rank, step, op_id):          # the loader's (rank, start) order usually is this one
+        order = np.lexsort((op_id, step, rank))   # stable: ties keep row order
+        rows, what, comp_r, rank, step = rows[order], what[order], comp_r[order], rank[order], step[order]
+        del order
+    del op_id
+    n = len(rows)
+    idx = np.arange(n, dtype=np.int64)
+    start = np.ones(n, dtype=bool)
+    start[1:] = (rank[1:] != rank[:-1]) | (step[1:] != step[:-1])
+    pos = idx - np.maximum.accumulate(np.where(start, idx, 0)) if n else idx
+    del start, idx, step
+    pp = _lookup(pp_of, rank)
+    keep = (pp >= 0) & (pp <= p - 1)
+    return rows[keep], what[keep], comp_r[keep], pos[keep], pp[keep]
+
+
+def _flat_schedule(exp: pd.DataFrame, p: int) -> tuple | None:
+    """The schedule as flat arrays (frame, off, length, what, peer, stage, microbatch): pipeline rank q's
+    tokens at off[q] .. off[q] + length[q] - 1; None for a schedule with gaps in its positions."""
+    e = exp.sort_values(["pp_rank", "pos"], kind="stable")
+    q_of, e_pos = e["pp_rank"].to_numpy(np.int64), e["pos"].to_numpy(np.int64)
+    length = np.bincount(q_of, minlength=p)[:p] if len(e) else np.zeros(p, dtype=np.int64)
+    if len(e) and not (e_pos == np.concatenate([np.arange(k) for k in length])).all():
+        return None
+    off = np.concatenate([[0], np.cumsum(length)[:-1]]).astype(np.int64)
+    e_what = _code_of(e["e_what"].to_numpy(dtype=object))
+    e_peer, e_stage, e_mb = (e[c].to_numpy(np.int64) for c in ("e_peer", "e_stage", "e_mb"))
+    return e, off, length, e_what, e_peer, e_stage, e_mb
 
 
 def _in_order(rank: np.ndarray, step: np.ndarray, op_id: np.ndarray) -> bool:

@@ -29,7 +29,7 @@ from dataclasses import replace
 import pandas as pd
 
 from ncclscope import schema as S
-from ncclscope.findings import Evidence, Finding, InstanceRef
+from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, FindingKind, InstanceRef
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label
 from ncclscope.hang.wording import duration
@@ -37,6 +37,10 @@ from ncclscope.hang.wording import duration
 HISTORY_MIN = 2                 # earlier calls that must agree before a rank's history counts
 DUMP_MARKER = "flight_recorder_dump"   # ingest.flight_recorder.DUMP_MARKER: one row per dump, at its mtime
 _CATEGORIES = ("type", "size", "dtype")
+# The JSON order of a history-decided mismatch's `data` (its cause's claims among them), as earlier
+# releases wrote it; one that replaces a tied vote keeps that finding's order.
+HISTORY_LAYOUT = ("later_instances", "process_group", "seq", "categories", "ambiguous", "deviant_ranks", "unfinished",
+                  "basis", "absent_ranks")
 
 
 def fr_roots(source: IndexLike, roots: list[Finding], others: list[Finding]) -> tuple[list[Finding], list[Finding]]:
@@ -118,6 +122,19 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
                  f"written {span} after {'its' if not others or len(stopped) == 1 else 'their'} last op, "
                  f"longer than {'its' if not others or len(stopped) == 1 else 'their'} {duration(tmo)} "
                  f"collective timeout)")
+    ev = _stopped_evidence(coll, stopped, others, idle)
+    data = {"unused_groups": unused, "stopped_after": where}
+    if idle is not None:
+        sub = idle.loc[stopped]
+        data["idle_before_dump_s"] = [round(int(sub["gap"].min()) / 1e9, 3), round(int(sub["gap"].max()) / 1e9, 3)]
+        data["went_on"] = others
+    return [Finding(kind="no_op_in_flight", severity="error", title=title, ranks=sorted(int(r) for r in stopped),
+                    evidence=ev[:60], involved=sorted(int(r) for r in present), data=data)]
+
+
+def _stopped_evidence(coll: pd.DataFrame, stopped: list[int], others: list[int],
+                      idle: pd.DataFrame | None) -> list[Evidence]:
+    """The stopped ranks' last ops (or that they recorded none), then the last ops of the ranks that went on."""
     ev = []
     mine = coll[coll["rank"].isin(stopped).to_numpy()] if len(coll) else coll
     last = mine.sort_values(["rank", "start_ns"]).drop_duplicates("rank", keep="last") if len(mine) else mine
@@ -136,13 +153,7 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
                                                       f"on {r.process_group}: {r.status}, dumped right after it",
                                op_name=str(r.op_name), process_group=str(r.process_group),
                                seq=int(r.collective_seq_id), op_id=int(r.op_id), time_ns=int(r.start_ns)))
-    data = {"unused_groups": unused, "stopped_after": where}
-    if idle is not None:
-        sub = idle.loc[stopped]
-        data["idle_before_dump_s"] = [round(int(sub["gap"].min()) / 1e9, 3), round(int(sub["gap"].max()) / 1e9, 3)]
-        data["went_on"] = others
-    return [Finding(kind="no_op_in_flight", severity="error", title=title, ranks=sorted(int(r) for r in stopped),
-                    evidence=ev[:60], involved=sorted(int(r) for r in present), data=data)]
+    return ev
 
 
 def _idle_before_dump(ix, present: list[int]) -> pd.DataFrame | None:
@@ -245,7 +256,7 @@ def resolve_by_history(source: IndexLike, findings: list[Finding]) -> list[Findi
     out: list[Finding] = []
     decided: set[tuple[str, int]] = set()
     for f in findings:
-        if f.kind == "collective_mismatch" and f.data.get("ambiguous") and f.instance is not None:
+        if f.kind == FindingKind.COLLECTIVE_MISMATCH and f.cause.ambiguous and f.instance is not None:
             g, k = f.instance.group, f.instance.seq
             rows = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k)]
             dev = _deviants(coll, rows)
@@ -293,11 +304,12 @@ def _history_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: dict, base: Fi
     ev += [Evidence(rank=int(r.rank), note=f"consistent with its own history; {r.status}", op_name=str(r.op_name),
                     process_group=g, seq=k, op_id=int(r.op_id), time_ns=int(r.start_ns))
            for r in others.itertuples(index=False)]
-    data = dict(base.data) if base is not None else {"later_instances": 0}
-    data.update({"process_group": g, "seq": k, "categories": [c for c, *_ in diffs], "ambiguous": False,
-                 "deviant_ranks": [int(rank)], "unfinished": bool(len(notok)), "basis": "history",
-                 "absent_ranks": absent})
+    data = {**(base.data if base is not None else {}), "process_group": g, "seq": k,
+            "categories": [c for c, *_ in diffs]}
+    cause = replace(base.cause if base is not None else Cause(later_instances=0), ambiguous=False,
+                    deviant_ranks=(int(rank),), unfinished=bool(len(notok)), basis=CauseBasis.HISTORY,
+                    absent_ranks=tuple(absent))
     if base is not None:
-        return replace(base, title=title, ranks=[int(rank)], evidence=ev, data=data)
+        return replace(base, title=title, ranks=[int(rank)], evidence=ev, data=data, cause=cause)
     return Finding(kind="collective_mismatch", severity="error", title=title, ranks=[int(rank)], evidence=ev,
-                   instance=InstanceRef(g, k), data=data)
+                   instance=InstanceRef(g, k), data=data, cause=cause, layout=HISTORY_LAYOUT)

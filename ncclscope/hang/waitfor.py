@@ -34,9 +34,10 @@ import pandas as pd
 from ncclscope import schema as S
 from ncclscope.findings import Evidence, Finding, WaitSummary
 from ncclscope.hang.census import step_census_deviations
+from ncclscope.hang.loop_departures import cycle_leavers, left_loop_finding
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label, seconds
-from ncclscope.hang.loop_order import looped, loop_leavers
+from ncclscope.hang.loop_order import loop_leavers, loop_passers, loop_says, looped
 from ncclscope.index.p2p_pairs import direction
 from ncclscope.index.stack_excerpts import user_frame
 from ncclscope.index.wait_edges import WaitEdges
@@ -148,6 +149,9 @@ def _cycle_finding(ctx: WaitContext, comp: list[int], cycle: list[int], waiters:
     skip = _skip_suspects(ctx, inside)
     if skip is not None:
         return _skip_finding(ctx, comp, cycle, waiters | set(comp), skip)
+    leavers = cycle_leavers(ctx.coll, ctx.ix.p2p, ctx.blocking, comp)
+    if leavers:
+        return left_loop_finding(ctx, comp, cycle, waiters | set(comp), leavers)
     steps = []
     for a, b in zip(cycle, cycle[1:] + cycle[:1]):
         e = inside[(inside["waiter"] == a) & (inside["target"] == b)].iloc[0]
@@ -203,8 +207,11 @@ def _skip_suspects(ctx: WaitContext, inside: pd.DataFrame) -> pd.DataFrame | Non
     # (No majority needed here: in a 2-member group 1 of 2 began it, and the target's later step says who left.)
     later = e0.merge(wstep, on=["waiter", "op_id"]).merge(tstep, left_on="target", right_index=True)
     later = later[(later["waiter_step"] >= 0) & (later["target_step"] > later["waiter_step"])]
-    elsewhere = pd.concat([elsewhere, later[list(e0.columns)]], ignore_index=True).drop_duplicates(
+    elsewhere = pd.concat([elsewhere, later[list(e0.columns)], loop_passers(ctx, e0)], ignore_index=True).drop_duplicates(
         ["waiter", "target", "process_group", "seq"])
+    # the first deviation, not the majority: a target that has not reached the instance in its own loop
+    # (it waits in an op its loop issues before this one) did not skip it, whatever the others began
+    elsewhere = elsewhere[[loop_says(ctx, e) is not False for e in elsewhere.itertuples(index=False)]]
     if not len(elsewhere):
         return None
     first = elsewhere.sort_values("start_ns").iloc[0]

@@ -35,6 +35,12 @@ MAX_EVIDENCE = 40
 MIN_SAID_NS = 1_000_000           # a wait under 1 ms is no duration a person can act on: none is said
 MS_BELOW_NS = NS // 20            # under 0.05 s "0.0 s" would be said: milliseconds instead
 
+def wait_since(end_ns: object, starts: pd.Series) -> int | None:
+    """ns from the earliest of `starts` to `end_ns`; None when there is no usable time (no start, or an
+    end that is not after it: a dump with no timestamps)."""
+    return wait_ns(end_ns, starts.min()) if len(starts) else None
+
+
 def wait_ns(end_ns: object, start_ns: object) -> int | None:
     """ns from `start_ns` to `end_ns`; None where the input holds no usable time for it: no start
     (a dump entry without a timestamp reads -1, a zeroed one 0, a missing value NaN) or an end

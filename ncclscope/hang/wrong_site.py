@@ -1,6 +1,6 @@
 """`wrong_group` from call sites (split out of groups.py): a rank's op on group h at a call site whose calls
 go to groups of another kind everywhere else, in an instance of h its peers entered from a call site of h's
-own kind. `groups.analyze_groups` runs it after `find_wrong_group`; the index supplies the collective rows,
+own kind. `group_checks.analyze_groups` runs it after `find_wrong_group`; the index supplies the collective rows,
 kinds, membership and max-seq table.
 """
 from __future__ import annotations
@@ -8,14 +8,18 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ncclscope.findings import Evidence, Finding, InstanceRef, WaitSummary
+from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, InstanceRef, WaitSummary, WrongCall
 from ncclscope.index.views import IndexLike, TraceIndex, as_index
 from ncclscope.index.labels import kind_of, rank_label
-from ncclscope.hang.wording import duration, wait_ns, wait_seconds
+from ncclscope.hang.wording import duration, wait_seconds, wait_since
 
 
 SITE_MIN_USES = 3            # calls from a site before its group kind counts as established
 SITE_MAJORITY = 0.75         # share of a site's calls on its kind (a helper used for every kind has none)
+# The JSON order of a wrong_group finding's `data` (its cause's claims among them), as earlier releases
+# wrote it; this module's and groups' `find_wrong_group` share it (`partner_deaths` comes last when known).
+WRONG_GROUP_LAYOUT = ("process_group", "seq", "wrong_group", "call_site", "step", "basis", "wrong_seq", "wrong_ns",
+                      "partner_deaths")
 
 
 def find_wrong_group_by_site(source: IndexLike, max_findings: int = 16) -> list[Finding]:
@@ -112,7 +116,7 @@ def _site_finding(ix: TraceIndex, r, g: str, k: int, peers: pd.DataFrame) -> Fin
     title = (f"{rank_label(trace, [b])} called {r.op_name} on {ix.label(h)} instead of {ix.label(g)} at {site} "
              f"(#{int(r.collective_seq_id)} on {h}, which its peers entered from {peer_sites}; every other "
              f"call from {site} is on a group like {g})")
-    since = _since(ix, waiting["start_ns"])
+    since = wait_since(ix.end_ns, waiting["start_ns"])
     if len(waiting):
         title += (f"; {rank_label(trace, waiting['rank'])} waiting in {waiting['op_name'].iloc[0]} #{k} on {g}"
                   + (f" since {duration(since)}" if duration(since) else ""))
@@ -129,12 +133,7 @@ def _site_finding(ix: TraceIndex, r, g: str, k: int, peers: pd.DataFrame) -> Fin
     return Finding(kind="wrong_group", severity="error", title=title, ranks=[b], evidence=ev,
                    instance=InstanceRef(g, k),
                    wait=WaitSummary(waiting_ranks=tuple(int(x) for x in waiting["rank"]), wait_s=wait_s),
-                   data={"process_group": g, "seq": k, "wrong_group": h, "call_site": site,
-                         "step": int(r.step), "basis": "call_site", "wrong_seq": int(r.collective_seq_id),
-                         "wrong_ns": int(r.start_ns)})
+                   data={"process_group": g, "seq": k, "call_site": site, "step": int(r.step)},
+                   cause=Cause(basis=CauseBasis.CALL_SITE, wrong=WrongCall(h, int(r.collective_seq_id), int(r.start_ns))),
+                   layout=WRONG_GROUP_LAYOUT)
 
-
-def _since(ix: TraceIndex, starts: pd.Series) -> int | None:
-    """ns from the earliest of `starts` to the end of the trace; None when there is no usable time
-    (no start, or an end that is not after it: a dump with no timestamps)."""
-    return wait_ns(ix.end_ns, starts.min()) if len(starts) else None      # wording.wait_ns: the one rule

@@ -21,6 +21,8 @@ a min/max pass finds the few mismatched instances, and only those are voted on.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pandas as pd
 
@@ -34,11 +36,12 @@ DEVIATION_COLUMNS = ["process_group", "seq", "category", "rank", "value", "major
 HISTORY_MIN_REFS = 2     # references (own other steps, peer groups) a history verdict needs
 
 
-# Ops whose input sizes may legitimately differ between ranks.
+# Ops whose input sizes may legitimately differ between ranks. The object collectives whose list every
+# member sizes alike (broadcast_object_list, all_gather_object, scatter_object_list) are compared: the
+# tracer records the list's length as their size (an older trace records none, "[]" on every rank).
 SIZE_EXEMPT = frozenset({
     "all_to_all", "all_to_all_single", "alltoall", "alltoall_base", "alltoallv", "scatter", "gather",
-    "all_gather_v", "reduce_scatter_v", "barrier", "monitored_barrier", "all_gather_object",
-    "gather_object", "scatter_object_list", "broadcast_object_list",
+    "all_gather_v", "reduce_scatter_v", "barrier", "monitored_barrier", "gather_object",
 })
 
 
@@ -249,7 +252,8 @@ def _category_value(df: pd.DataFrame, cat: str) -> tuple[pd.Series, np.ndarray]:
 
 
 def find_history_deviations(coll: pd.DataFrame, inst: pd.DataFrame, dev: pd.DataFrame,
-                            kinds: dict[str, str] | None = None) -> pd.DataFrame:
+                            kinds: dict[str, str] | None = None,
+                            members: dict[str, list[int]] | None = None) -> pd.DataFrame:
     """Deviations the instance vote cannot decide, decided by what the same call did elsewhere.
 
     The vote inside an instance needs voters. When gloo aborts an innocent
@@ -267,74 +271,112 @@ def find_history_deviations(coll: pd.DataFrame, inst: pd.DataFrame, dev: pd.Data
     Candidates: unfinished instances only one member began, and tied instances.
     """
     cols = DEVIATION_COLUMNS
-    if not len(coll) or not len(inst):
+    x = _candidate_rows(coll, inst, dev)
+    if x is None:
         return pd.DataFrame(columns=cols)
+    pool, x = _reference_pool(coll, x, kinds or {})
+    frames = [f for f in (_history_category(pool, x, cat, members) for cat in ("type", "size", "dtype"))
+              if f is not None]
+    if not frames:
+        return pd.DataFrame(columns=cols)
+    out = pd.concat(frames, ignore_index=True)
+    return out[cols].sort_values(["process_group", "seq", "rank"], kind="stable").reset_index(drop=True)
+
+
+def _candidate_rows(coll: pd.DataFrame, inst: pd.DataFrame, dev: pd.DataFrame) -> pd.DataFrame | None:
+    """The rows of the candidate instances (lone unfinished ones, tied ones) that have a step and a call
+    site; None where there are none."""
+    if not len(coll) or not len(inst):
+        return None
     lone = inst[(inst["n_began"] == 1) & (inst["n_notok"] > 0)][["process_group", "seq"]]
     tied = dev.loc[dev["tie"].astype(bool), ["process_group", "seq"]] if len(dev) else lone.iloc[0:0]
     cand = pd.concat([lone, tied], ignore_index=True).drop_duplicates()
     if not len(cand):
-        return pd.DataFrame(columns=cols)
+        return None
     cand = cand.assign(seq=cand["seq"].astype("int64"))
     x = near_instances(coll, cand["process_group"], cand["seq"]).merge(
         cand, left_on=["process_group", "collective_seq_id"], right_on=["process_group", "seq"])
     x = x[(x["step"] >= 0) & (x["call_site"] != "")]
-    if not len(x):
-        return pd.DataFrame(columns=cols)
-    kinds = kinds or {}
+    return x if len(x) else None
+
+
+def _reference_pool(coll: pd.DataFrame, x: pd.DataFrame, kinds: dict[str, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(every call from the candidates' call sites in a step, with its group kind and `ord`: the n-th call
+    from that site on that group in that step; the candidates with their own `ord` and kind)."""
     pool = coll[coll["call_site"].isin(x["call_site"].unique()).to_numpy() & (coll["step"] >= 0).to_numpy()]
     names = pool["process_group"].unique()
     kind_map = {n: kinds.get(n) or n.rstrip("0123456789") or n for n in names}
     pool = pool.assign(kind=pool["process_group"].map(kind_map))
     pool = pool.sort_values(["rank", "process_group", "call_site", "step", "collective_seq_id"], kind="stable")
     pool["ord"] = pool.groupby(["rank", "process_group", "call_site", "step"], sort=False).cumcount()
-    x = x.merge(pool[["rank", "op_id", "ord", "kind"]], on=["rank", "op_id"])
-    frames = []
-    for cat in ("type", "size", "dtype"):
-        pv, pok = _category_value(pool, cat)
-        xv, xok = _category_value(x, cat)
-        p = pool.assign(ref=pv)[pok]
-        xs = x.assign(value=xv)[xok]
-        if not len(xs) or not len(p):
-            continue
-        base = xs[["process_group", "seq", "rank", "call_site", "ord", "step", "kind", "value"]]
-        # what a call passed is in its begin row, however the op ended: for sizes and dtypes every other
-        # step's call counts (a rank aborted early has few completed ones); which op it was, only completed
-        known = p if cat != "type" else p.loc[p["status"] == S.STATUS_OK]
-        hist = base.merge(known[["rank", "process_group", "call_site", "ord", "step",
-                                 "ref"]].rename(columns={"step": "ref_step"}),
-                          on=["rank", "process_group", "call_site", "ord"])
-        hist = hist[hist["ref_step"] != hist["step"]].assign(src="history", ref_group="")
-        refs = [hist]
-        if cat != "size":
-            eq = base.merge(p[["kind", "call_site", "ord", "step", "process_group", "ref"]].rename(
-                columns={"process_group": "ref_group"}), on=["kind", "call_site", "ord", "step"])
-            refs.append(eq[eq["ref_group"] != eq["process_group"]].assign(src="peers"))
-        r = pd.concat(refs, ignore_index=True)
-        if not len(r):
-            continue
-        agg = r.groupby(["process_group", "seq", "rank"], sort=False).agg(
-            n=("ref", "size"), nu=("ref", "nunique"), ref=("ref", "first"), value=("value", "first"),
-            n_hist=("src", lambda s: int((s == "history").sum())),
-            groups=("ref_group", lambda s: sorted({g for g in s if g}))).reset_index()
-        bad = agg[(agg["n"] >= HISTORY_MIN_REFS) & (agg["nu"] == 1) & (agg["ref"] != agg["value"])]
-        if not len(bad):
-            continue
-        # In a tie, history must single out some voters, not all of them (all changing is not a mismatch).
-        n_voters = xs.groupby(["process_group", "seq"]).size().rename("n_voters").reset_index()
-        bad = bad.merge(n_voters, on=["process_group", "seq"])
-        n_bad = bad.groupby(["process_group", "seq"])["rank"].transform("size")
-        bad = bad[(n_bad < bad["n_voters"]) | (bad["n_voters"] == 1)]
-        if not len(bad):
-            continue
-        notes = [_ref_note(int(h), list(gs)) for h, gs in zip(bad["n_hist"], bad["groups"])]
-        rows = bad.merge(x[["process_group", "seq", "rank", "op_name", "op_id", "start_ns", "status", "call_site",
-                            "step"]], on=["process_group", "seq", "rank"])
-        frames.append(rows.assign(category=cat, majority=rows["ref"], n_majority=rows["n"], tie=False,
-                                  basis="history", ref_note=notes))
-    if not frames:
-        return pd.DataFrame(columns=cols)
-    out = pd.concat(frames, ignore_index=True)
-    return out[cols].sort_values(["process_group", "seq", "rank"], kind="stable").reset_index(drop=True)
+    return pool, x.merge(pool[["rank", "op_id", "ord", "kind"]], on=["rank", "op_id"])
+
+
+_ROOT = re.compile(r"root (-?\d+)")
+
+
+def _roots_in_own_group(eq: pd.DataFrame, members: dict[str, list[int]]) -> pd.Series:
+    """A peer group's call as the candidate's group would make it: a rooted op's root (a global rank) moved
+    to the member at the same position of the candidate's group (dp groups broadcast from their own first
+    member: root 0 on [0, 2] is root 1 on [1, 3])."""
+    def move(ref: str, src: str, dst: str) -> str:
+        m = _ROOT.search(ref)
+        a, b = members.get(src) or [], members.get(dst) or []
+        if m is None or int(m.group(1)) not in a or len(a) != len(b):
+            return ref
+        return ref[:m.start(1)] + str(b[a.index(int(m.group(1)))]) + ref[m.end(1):]
+    return pd.Series([move(str(r), str(s), str(d)) for r, s, d in
+                      zip(eq["ref"], eq["ref_group"], eq["process_group"])], index=eq.index, dtype=object)
+
+
+def _history_category(pool: pd.DataFrame, x: pd.DataFrame, cat: str,
+                      members: dict[str, list[int]] | None = None) -> pd.DataFrame | None:
+    """The candidates whose `cat` (type, size, dtype) differs from what all their references agree on: the
+    same call in the rank's other steps, and (not for sizes) on the other groups of its kind in this step."""
+    pv, pok = _category_value(pool, cat)
+    xv, xok = _category_value(x, cat)
+    p = pool.assign(ref=pv)[pok]
+    xs = x.assign(value=xv)[xok]
+    if not len(xs) or not len(p):
+        return None
+    base = xs[["process_group", "seq", "rank", "call_site", "ord", "step", "kind", "value"]]
+    # what a call passed is in its begin row, however the op ended: for sizes and dtypes every other
+    # step's call counts (a rank aborted early has few completed ones); which op it was, only completed
+    known = p if cat != "type" else p.loc[p["status"] == S.STATUS_OK]
+    hist = base.merge(known[["rank", "process_group", "call_site", "ord", "step",
+                             "ref"]].rename(columns={"step": "ref_step"}),
+                      on=["rank", "process_group", "call_site", "ord"])
+    hist = hist[hist["ref_step"] != hist["step"]].assign(src="history", ref_group="")
+    refs = [hist]
+    if cat != "size":
+        eq = base.merge(p[["kind", "call_site", "ord", "step", "process_group", "ref"]].rename(
+            columns={"process_group": "ref_group"}), on=["kind", "call_site", "ord", "step"])
+        eq = eq[eq["ref_group"] != eq["process_group"]]
+        if cat == "type" and members:
+            eq = eq.assign(ref=_roots_in_own_group(eq, members))
+        refs.append(eq.assign(src="peers"))
+    r = pd.concat(refs, ignore_index=True)
+    if not len(r):
+        return None
+    agg = r.groupby(["process_group", "seq", "rank"], sort=False).agg(
+        n=("ref", "size"), nu=("ref", "nunique"), ref=("ref", "first"), value=("value", "first"),
+        n_hist=("src", lambda s: int((s == "history").sum())),
+        groups=("ref_group", lambda s: sorted({g for g in s if g}))).reset_index()
+    bad = agg[(agg["n"] >= HISTORY_MIN_REFS) & (agg["nu"] == 1) & (agg["ref"] != agg["value"])]
+    if not len(bad):
+        return None
+    # In a tie, history must single out some voters, not all of them (all changing is not a mismatch).
+    n_voters = xs.groupby(["process_group", "seq"]).size().rename("n_voters").reset_index()
+    bad = bad.merge(n_voters, on=["process_group", "seq"])
+    n_bad = bad.groupby(["process_group", "seq"])["rank"].transform("size")
+    bad = bad[(n_bad < bad["n_voters"]) | (bad["n_voters"] == 1)]
+    if not len(bad):
+        return None
+    notes = [_ref_note(int(h), list(gs)) for h, gs in zip(bad["n_hist"], bad["groups"])]
+    rows = bad.merge(x[["process_group", "seq", "rank", "op_name", "op_id", "start_ns", "status", "call_site",
+                        "step"]], on=["process_group", "seq", "rank"])
+    return rows.assign(category=cat, majority=rows["ref"], n_majority=rows["n"], tie=False,
+                       basis="history", ref_note=notes)
 
 
 def _ref_note(n_hist: int, groups: list[str]) -> str:

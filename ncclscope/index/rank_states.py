@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd
 
 from ncclscope import schema as S
-from ncclscope.load.trace import STATUS_INFLIGHT
+from ncclscope.load.opsjoin import STATUS_INFLIGHT
 from ncclscope.index.labels import NS, plain_str, seconds, trace_start_ns
 from ncclscope.index.stack_excerpts import user_frame
 
@@ -128,6 +128,7 @@ def rank_states(trace: Trace, ops: pd.DataFrame, blocking: pd.DataFrame, computi
     st["signal"] = [(info[r].signal or "") if r in info else "" for r in ranks]
     st["exitcode"] = [info[r].exitcode if r in info and info[r].exitcode is not None else np.nan for r in ranks]
     st["end_message"] = [info[r].end_message if r in info else "" for r in ranks]
+    st["end_status"] = [info[r].end_status if r in info else "" for r in ranks]
 
     hb, threshold = _heartbeats(trace)
     ev = trace.events
@@ -163,28 +164,7 @@ def rank_states(trace: Trace, ops: pd.DataFrame, blocking: pd.DataFrame, computi
     steps.index = steps.index.astype("int64")
     st["last_step"] = steps.reindex(ranks).fillna(-1).astype("int64")
 
-    missing = st["state"] == "missing"
-    killed_or_failed = st["state"].isin(["killed", "failed"])
-    not_blocked = ~st["blocked"] & (st["computing_op"] == "")
-    dead = missing.copy()
-    dead |= ~st["fail_block"] & st["hb_stale"]
-    dead |= ~st["fail_block"] & (st["state"] == "failed") & not_blocked
-    # A process that ended of its own error cannot still be blocked: an op it left without an end row (a
-    # Flight Recorder entry of DDP's or FSDP's, an async op it never waited for) is where that error found
-    # it (DDP's parameter check raising on one rank). A failure that says a peer went away ("connection
-    # closed by peer", a timeout) is a consequence, and that rank stays blocked on the one it waits for.
-    own_error = (st["end_message"].astype(str).str.strip() != "") & ~st["end_message"].astype(str).str.contains(
-        PEER_ERROR, regex=True)
-    dead |= (~st["fail_block"] & (st["state"] == "failed") & st["blocked"] & own_error
-             & ranks.isin(blocking.loc[blocking["status"] == STATUS_INFLIGHT, "rank"].unique()))
-    # The same for an op that raised it: the rank's last op failed with the error the process died of
-    # (gloo rejecting an all_gather output list one short), not with a peer's timeout or closed socket.
-    dead |= (st["fail_block"] & (st["state"] == "failed") & own_error
-             & st["last_op_status"].isin(list(FAILED)))
-    # "killed" already excludes the launcher's own end-of-job kills (state "stopped"):
-    # a signal that ended a rank before the launcher did is a death, heartbeats or not.
-    dead |= ~st["fail_block"] & (st["state"] == "killed")
-    dead |= ~st["fail_block"] & st["compute_error"] & killed_or_failed
+    dead = _dead(st, ranks, blocking)
     st["dead"] = dead
     # Heartbeats to the end say a rank was alive, not that it was working: one that then ended of itself
     # (exit 0) had finished its script and was only winding down (destroy_process_group, exit handlers).
@@ -210,9 +190,41 @@ _MISSING = {
 _MISSING_DEFAULT = "left no trace directory (it died before writing, or its files are gone)"
 
 
+def _dead(st: pd.DataFrame, ranks: pd.Index, blocking: pd.DataFrame) -> pd.Series:
+    """Which ranks are dead: missing, silent, or ended of their own failure (not a peer's); the rules in order."""
+    missing = st["state"] == "missing"
+    killed_or_failed = st["state"].isin(["killed", "failed"])
+    not_blocked = ~st["blocked"] & (st["computing_op"] == "")
+    dead = missing.copy()
+    dead |= ~st["fail_block"] & st["hb_stale"]
+    dead |= ~st["fail_block"] & (st["state"] == "failed") & not_blocked
+    # A process that ended of its own error cannot still be blocked: an op it left without an end row (a
+    # Flight Recorder entry of DDP's or FSDP's, an async op it never waited for) is where that error found
+    # it (DDP's parameter check raising on one rank). A failure that says a peer went away ("connection
+    # closed by peer", a timeout) is a consequence, and that rank stays blocked on the one it waits for.
+    own_error = (st["end_message"].astype(str).str.strip() != "") & ~st["end_message"].astype(str).str.contains(
+        PEER_ERROR, regex=True)
+    dead |= (~st["fail_block"] & (st["state"] == "failed") & st["blocked"] & own_error
+             & ranks.isin(blocking.loc[blocking["status"] == STATUS_INFLIGHT, "rank"].unique()))
+    # The same for an op that raised it: the rank's last op failed with the error the process died of
+    # (gloo rejecting an all_gather output list one short), not with a peer's timeout or closed socket.
+    dead |= (st["fail_block"] & (st["state"] == "failed") & own_error
+             & st["last_op_status"].isin(list(FAILED)))
+    # A process that exited non-zero by itself and left no end record at all (os._exit, an extension's
+    # exit) blames no peer: an op it left without an end row is where it exited (the end row was queued,
+    # never flushed), not a wait. A consequence of a peer's failure leaves its error in the end record.
+    silent_exit = (st["state"] == "failed") & (st["end_status"] == "") & (st["end_message"].astype(str) == "")
+    dead |= ~st["fail_block"] & silent_exit
+    # "killed" already excludes the launcher's own end-of-job kills (state "stopped"):
+    # a signal that ended a rank before the launcher did is a death, heartbeats or not.
+    dead |= ~st["fail_block"] & (st["state"] == "killed")
+    dead |= ~st["fail_block"] & st["compute_error"] & killed_or_failed
+    return dead
+
+
 def missing_reason(trace: Trace) -> str:
-    """Why a rank with no data is dead, in the words of the input kind (`trace.run["source"]`)."""
-    return _MISSING.get(str((trace.run or {}).get("source", "")), _MISSING_DEFAULT)
+    """Why a rank with no data is dead, in the words of the input kind (`trace.run.source`)."""
+    return _MISSING.get(trace.run.source, _MISSING_DEFAULT)
 
 
 def _dead_reason(trace: Trace, r: int, row: pd.Series) -> str:

@@ -1,6 +1,6 @@
 """Iterations from repetition, for a rank's calls that carry no step numbers.
 
-`census.sequence_skips` finds a skipped collective by comparing a rank's call
+`skips.sequence_skips` finds a skipped collective by comparing a rank's call
 sites in its last step with its previous step. A script traced by `ncclscope
 run` that never calls an optimizer's `step()` (an evaluation loop, hand-written
 SGD, a benchmark) has every op in one step, so there is no previous step to

@@ -9,8 +9,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ncclscope.load.columns import _equals
-from ncclscope.load.trace import STATUS_INFLIGHT, Trace
+from ncclscope.load.columns import column_equals
+from ncclscope.load.opsjoin import STATUS_INFLIGHT
+from ncclscope.load.trace import Trace
 
 SUMMARY_COLUMNS = ["rank", "state", "exit", "steps", "ops", "last_op", "inflight_op", "coords"]
 
@@ -46,11 +47,11 @@ def rank_summary(trace: Trace) -> pd.DataFrame:
     ops = trace.ops
     # positions of the non-marker rows, never a copy of them (at 10 M events a frame copy was +280 MB of peak):
     # per rank its row count, its last row and its last in-flight row, in table order as groupby().tail(1)
-    real = ~_equals(ops["kind"], "marker")
+    real = ~column_equals(ops["kind"], "marker")
     ranks = ops["rank"].to_numpy()
     counts = _per_rank(ranks, real, "size")
     last = _rows_at(ops, _per_rank(ranks, real, "last"))
-    inflight = _rows_at(ops, _per_rank(ranks, real & _equals(ops["status"], STATUS_INFLIGHT), "last"))
+    inflight = _rows_at(ops, _per_rank(ranks, real & column_equals(ops["status"], STATUS_INFLIGHT), "last"))
     steps = trace.metrics.groupby("rank", observed=True)["step"].max() + 1 if len(trace.metrics) else pd.Series(dtype=int)
     # plain dicts for the loop over ranks: a Series lookup or a frame row per rank cost ~1 s at 4,096 ranks
     steps_of, counts_of = steps.to_dict(), counts.to_dict()

@@ -12,7 +12,7 @@
 
 One flow, each stage once: load (tables) -> index (this) -> questions
 (collectives, groups, p2p, wait-for graph; each reads the index) ->
-`analysis.run` (the verdict). Before the index, each question re-derived the
+`verdict.run` (the verdict). Before the index, each question re-derived the
 collective table, membership and max-seq table, and `diagnose` threaded them
 through by hand; now a view is computed the first time a question asks for it
 (a `cached_property`) and reused by every later one, performance analyses

@@ -8,18 +8,15 @@ end rows. Nothing here reads files.
 """
 from __future__ import annotations
 
-from dataclasses import field  # noqa: F401
-from pathlib import Path  # noqa: F401
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc  # noqa: F401
+import pyarrow.compute as pc
 
 from ncclscope.load.heap import trim
-
-STATUS_INFLIGHT = "inflight"
 
 # String columns with few distinct values are loaded as categoricals: a
 # 10-million-row trace stays a few hundred MB instead of several GB.
@@ -27,7 +24,7 @@ _CATEGORICAL = ("phase", "kind", "op_name", "process_group", "input_dtypes", "in
                 "message", "source")
 
 
-class _Columns:
+class Columns:
     """Per-rank tables in, one pandas frame out, at about one compact copy of memory.
 
     `add` queues a rank's table; every ~256 k rows the queued ranks are
@@ -60,9 +57,11 @@ class _Columns:
         self.pending_ranks.append(rank)
         self.pending_rows += table.num_rows
         if self.pending_rows >= self.BATCH_ROWS or len(self.pending) >= 512:
-            self._flush()
+            self.flush()
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Convert the queued tables now (`add` does so every BATCH_ROWS rows; `frame` at the end). Public
+        for the live follower (tui/follow_tables.LiveTable), which reads `parts` right after each poll."""
         if not self.pending:
             return
         pending, self.pending, self.pending_rows = self.pending, [], 0
@@ -71,7 +70,7 @@ class _Columns:
         forced = has_rank and all(r is not None for r in ranks)
         if not forced:     # some table keeps its own ranks: force the others' here, table by table
             pending = [self._filled(t) for t in pending]
-            pending = [t if r is None or not has_rank else _force_rank(t, r) for t, r in zip(pending, ranks)]
+            pending = [t if r is None or not has_rank else force_rank(t, r) for t, r in zip(pending, ranks)]
         counts = [t.num_rows for t in pending]
         rank_all = np.repeat(np.asarray(ranks, dtype=np.int32), counts) if forced else None
         pending = self._runs(pending)      # tables missing the same columns: filled once per run
@@ -209,7 +208,7 @@ class _Columns:
         columns views of them, not a second copy (1,024 ranks, 10 M events: ~330 MB of peak). One gather
         per column, which the ops frame no longer makes; a frame already in that order (Flight Recorder
         dumps write their begin rows first) is concatenated as it is."""
-        self._flush()
+        self.flush()
         big = self.rows >= (1 << 22)
         order = self._lead_order(*lead) if lead else None
         cols: dict[str, Any] = {}
@@ -251,7 +250,7 @@ class _Columns:
 
 
 class _Order:
-    """Where `_Columns.frame(lead=...)` puts each piece's rows: the leading ones in [0, n), the others after."""
+    """Where `Columns.frame(lead=...)` puts each piece's rows: the leading ones in [0, n), the others after."""
 
     def __init__(self, n: int, pieces: list[tuple[np.ndarray, np.ndarray]]) -> None:
         self.n, self.pieces = n, pieces
@@ -279,7 +278,7 @@ def _joined(parts: list[np.ndarray], order: _Order | None, empty_dtype: Any) -> 
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
 
 
-def _force_rank(table: pa.Table, rank: int) -> pa.Table:
+def force_rank(table: pa.Table, rank: int) -> pa.Table:
     """`table` with every row's `rank` set to `rank` (trace.force_rank, which re-exports it)."""
     idx = table.schema.get_field_index("rank")
     return table.set_column(idx, "rank", pa.array(np.full(len(table), rank, dtype=np.int32)))
@@ -291,7 +290,7 @@ def conform_table(table: pa.Table, schema: pa.Schema, path: Path, warnings: list
     a warning), cast where the type differs (nulled, with a warning, where the
     cast fails), missing ones null. With `keep_dictionary` (the column engine's
     own input) a dictionary-encoded column of a categorical string field stays
-    encoded: `_Columns` reads its codes instead of hashing every string again."""
+    encoded: `Columns` reads its codes instead of hashing every string again."""
     cols = []
     names = table.column_names
     for fld in schema:
@@ -329,7 +328,7 @@ _MISSING_ONLY: list[tuple[pa.Schema, pa.Schema, bool]] = []    # (file schema, t
 def missing_only(have: pa.Schema, want: pa.Schema) -> bool:
     """True when `conform_table(t, want)` of a table in schema `have` only fills missing columns with
     nulls: no duplicated, unknown or differently typed column, so it says nothing and can be done once
-    for a whole batch of such tables (`_Columns` does) instead of once per file. Remembered for the few
+    for a whole batch of such tables (`Columns` does) instead of once per file. Remembered for the few
     schemas a run has, compared with `Schema.equals` (hashing a schema costs more than the check)."""
     for h, w, hit in _MISSING_ONLY:
         if w is want and h.equals(have):
@@ -347,11 +346,11 @@ def _encoded_string(typ: pa.DataType, fld: pa.Field) -> bool:
             and pa.types.is_string(typ.value_type))
 
 
-def _columns(tables: "list[pa.Table] | _Columns | None", schema: pa.Schema) -> _Columns:
-    """A _Columns from a list of tables, consuming (emptying) the list as it goes."""
-    if isinstance(tables, _Columns):
+def as_columns(tables: "list[pa.Table] | Columns | None", schema: pa.Schema) -> Columns:
+    """A Columns from a list of tables, consuming (emptying) the list as it goes."""
+    if isinstance(tables, Columns):
         return tables
-    out = _Columns(schema)
+    out = Columns(schema)
     for i in range(len(tables or [])):
         t, tables[i] = tables[i], None
         out.add(conform_table(t, schema, Path("."), [], keep_dictionary=True) if t.schema != schema else t)
@@ -361,7 +360,7 @@ def _columns(tables: "list[pa.Table] | _Columns | None", schema: pa.Schema) -> _
     return out
 
 
-def _aligned(times: np.ndarray, ranks: np.ndarray, offsets: dict[int, int]) -> np.ndarray:
+def aligned_times(times: np.ndarray, ranks: np.ndarray, offsets: dict[int, int]) -> np.ndarray:
     """times + each row's rank's clock offset, by table lookup (ranks are small non-negative ints here)."""
     if not len(times):
         return times.astype(np.int64)
@@ -375,8 +374,8 @@ def _aligned(times: np.ndarray, ranks: np.ndarray, offsets: dict[int, int]) -> n
     return times + pd.Series(ranks).map(pd.Series(offsets, dtype="int64")).fillna(0).astype("int64").to_numpy()
 
 
-def _fill_ints(df: pd.DataFrame, schema: pa.Schema) -> pd.DataFrame:
-    """Integer columns in their schema dtype (a no-op after `_Columns.frame`)."""
+def fill_ints(df: pd.DataFrame, schema: pa.Schema) -> pd.DataFrame:
+    """Integer columns in their schema dtype (a no-op after `Columns.frame`)."""
     for fld in schema:
         if pa.types.is_integer(fld.type):
             want = np.dtype(fld.type.to_pandas_dtype())
@@ -386,7 +385,7 @@ def _fill_ints(df: pd.DataFrame, schema: pa.Schema) -> pd.DataFrame:
     return df
 
 
-def _equals(col: pd.Series, value: str) -> np.ndarray:
+def column_equals(col: pd.Series, value: str) -> np.ndarray:
     """col == value as a bool array; on a categorical through its codes (no object array of 10M strings)."""
     if isinstance(col.dtype, pd.CategoricalDtype):
         cats = col.cat.categories

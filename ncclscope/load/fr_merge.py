@@ -42,7 +42,7 @@ import pyarrow as pa
 
 from ncclscope import schema as S
 from ncclscope.load.foreign.errors import TraceError
-from ncclscope.load.foreign.fr_read import _dtype_and_bytes as fr_dtype_and_bytes
+from ncclscope.load.foreign.fr_read import dtype_and_bytes as fr_dtype_and_bytes
 from ncclscope.load.foreign.fr_read import read_dump
 from ncclscope.load.foreign.vocab import events_table, normalize_op
 
@@ -167,53 +167,87 @@ def merge_rank(rank_dir: Path, events: pa.Table, warnings: list[str]) -> pa.Tabl
         else:
             warnings.append(f"{exc}; Flight Recorder entries of this rank not merged")
         return events
-    names = _group_names(rank_dir)
-    cols = events.select(["phase", "kind", "op_name", "process_group", "collective_seq_id", "time_ns",
-                          "step"]).to_pydict()
-    # the step each FR row belongs to: the tracer's step markers (optimizer hook / ncclscope.step())
-    marks = sorted((t, s) for ph, name, t, s in zip(cols["phase"], cols["op_name"], cols["time_ns"], cols["step"])
-                   if ph == S.PHASE_INSTANT and name == "step" and t is not None and s is not None)
-    mark_t = np.array([m[0] for m in marks], dtype=np.int64)
-    mark_s = [int(m[1]) for m in marks]
-    seen: set[tuple[str, int]] = set()
-    # creation times of every op on each group (tracer + FR), for "a later op returned"
-    times: dict[str, list[tuple[int, int]]] = {}
-    for ph, kind, g, seq, t in zip(cols["phase"], cols["kind"], cols["process_group"], cols["collective_seq_id"],
-                                   cols["time_ns"]):
-        if ph == S.PHASE_BEGIN and kind == S.KIND_COLLECTIVE and seq is not None and seq >= 0:
-            seen.add((g, int(seq)))
-            times.setdefault(g, []).append((int(seq), int(t)))
-    new: list[dict[str, Any]] = []
-    for e in dump.get("entries", []):
-        if not isinstance(e, dict) or e.get("is_p2p"):
-            continue
-        pname = str(e.get("profiling_name", ""))
-        op = normalize_op(pname)
-        if op in ("send", "recv", "isend", "irecv", "sendrecv"):
-            continue
-        pg = e.get("process_group")
-        pg_name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(pg or "")
-        group = names.get(pg_name, f"pg{pg_name}")
-        try:
-            seq = int(e.get("collective_seq_id", -1))
-            created = int(e.get("time_created_ns", 0) or 0)
-        except (TypeError, ValueError):
-            continue
-        if seq < 0 or (group, seq) in seen or created <= 0:
-            continue
-        seen.add((group, seq))
-        times.setdefault(group, []).append((seq, created))
-        dt = e.get("input_dtypes") or []
-        dtypes, nbytes = _dtype_and_bytes(e.get("input_sizes"), dt)
-        new.append({"group": group, "seq": seq, "op": op, "created": created, "state": str(e.get("state", "")),
-                    "completed": int(e.get("time_discovered_completed_ns") or 0),
-                    "record": int(e.get("record_id", len(new)) or 0), "sizes": json.dumps(e.get("input_sizes", [])),
-                    "dtypes": dtypes, "bytes": nbytes, "timeout_ms": int(e.get("timeout_ms", -1) or -1),
-                    "site": _site(e.get("frames")), "backend": pname.partition(":")[0]})
+    traced = _Traced(events)
+    new = traced.fr_only(dump, _group_names(rank_dir))
     if not new:
         return events
-    ok_end = _ended_ok(rank_dir)
-    # per group: seqs sorted, and the earliest creation time at or after each position
+    begin_cols, end_cols = _rows(new, _later_creations(traced.times), _ended_ok(rank_dir), traced)
+    rank = int(rank_dir.name[5:]) if rank_dir.name[5:].isdigit() else -1
+    nb, ne = len(begin_cols["op_id"]), len(end_cols["op_id"])
+    begin = events_table({**{k: np.asarray(v) if k not in ("op_name", "process_group", "input_dtypes",
+                                                           "input_sizes", "call_site") else v
+                             for k, v in begin_cols.items()},
+                          "rank": rank, "phase": S.PHASE_BEGIN, "kind": S.KIND_COLLECTIVE,
+                          "message": FR_MESSAGE}, nb)
+    end = events_table({**{k: np.asarray(v) if k in ("op_id", "time_ns", "collective_seq_id") else v
+                           for k, v in end_cols.items()},
+                        "rank": rank, "phase": S.PHASE_END, "kind": "", "status": S.STATUS_OK}, ne)
+    parts = [events] + [pa.Table.from_arrays(t.columns, schema=events.schema) for t in (begin, end) if t.num_rows]
+    return pa.concat_tables(parts)
+
+
+class _Traced:
+    """What the tracer's own rows of the rank say: its step markers (the step each FR row belongs to),
+    the collectives it saw (`seen`, by (group, seq): FR's copies of those are dropped) and the creation
+    times of every op on each group (`times`: tracer + FR, for "a later op returned")."""
+
+    def __init__(self, events: pa.Table) -> None:
+        cols = events.select(["phase", "kind", "op_name", "process_group", "collective_seq_id", "time_ns",
+                              "step"]).to_pydict()
+        # the step each FR row belongs to: the tracer's step markers (optimizer hook / ncclscope.step())
+        marks = sorted((t, s) for ph, name, t, s in zip(cols["phase"], cols["op_name"], cols["time_ns"], cols["step"])
+                       if ph == S.PHASE_INSTANT and name == "step" and t is not None and s is not None)
+        self.has_marks = bool(marks)
+        self.mark_t = np.array([m[0] for m in marks], dtype=np.int64)
+        self.mark_s = [int(m[1]) for m in marks]
+        self.seen: set[tuple[str, int]] = set()
+        self.times: dict[str, list[tuple[int, int]]] = {}
+        for ph, kind, g, seq, t in zip(cols["phase"], cols["kind"], cols["process_group"], cols["collective_seq_id"],
+                                       cols["time_ns"]):
+            if ph == S.PHASE_BEGIN and kind == S.KIND_COLLECTIVE and seq is not None and seq >= 0:
+                self.seen.add((g, int(seq)))
+                self.times.setdefault(g, []).append((int(seq), int(t)))
+
+    def step_at(self, created: int) -> int:
+        """The step of the last marker at or before `created` (0 before the first; -1 with no markers)."""
+        k = int(np.searchsorted(self.mark_t, created, side="right"))
+        return self.mark_s[k - 1] if k > 0 else (0 if self.has_marks else -1)
+
+    def fr_only(self, dump: dict[str, Any], names: dict[str, str]) -> list[dict[str, Any]]:
+        """The dump's collectives the tracer did not see, one dict each (p2p skipped: the module says why);
+        each is added to `seen` and `times`."""
+        new: list[dict[str, Any]] = []
+        for e in dump.get("entries", []):
+            if not isinstance(e, dict) or e.get("is_p2p"):
+                continue
+            pname = str(e.get("profiling_name", ""))
+            op = normalize_op(pname)
+            if op in ("send", "recv", "isend", "irecv", "sendrecv"):
+                continue
+            pg = e.get("process_group")
+            pg_name = str(pg[0]) if isinstance(pg, (list, tuple)) and pg else str(pg or "")
+            group = names.get(pg_name, f"pg{pg_name}")
+            try:
+                seq = int(e.get("collective_seq_id", -1))
+                created = int(e.get("time_created_ns", 0) or 0)
+            except (TypeError, ValueError):
+                continue
+            if seq < 0 or (group, seq) in self.seen or created <= 0:
+                continue
+            self.seen.add((group, seq))
+            self.times.setdefault(group, []).append((seq, created))
+            dt = e.get("input_dtypes") or []
+            dtypes, nbytes = _dtype_and_bytes(e.get("input_sizes"), dt)
+            new.append({"group": group, "seq": seq, "op": op, "created": created, "state": str(e.get("state", "")),
+                        "completed": int(e.get("time_discovered_completed_ns") or 0),
+                        "record": int(e.get("record_id", len(new)) or 0), "sizes": json.dumps(e.get("input_sizes", [])),
+                        "dtypes": dtypes, "bytes": nbytes, "timeout_ms": int(e.get("timeout_ms", -1) or -1),
+                        "site": _site(e.get("frames")), "backend": pname.partition(":")[0]})
+        return new
+
+
+def _later_creations(times: dict[str, list[tuple[int, int]]]) -> dict[str, tuple[list[int], list[int]]]:
+    """Per group: its seqs sorted, and the earliest creation time at or after each position."""
     after: dict[str, tuple[list[int], list[int]]] = {}
     for g, lst in times.items():
         lst.sort()
@@ -223,7 +257,13 @@ def merge_rank(rank_dir: Path, events: pa.Table, warnings: list[str]) -> pa.Tabl
             cur = lst[i][1] if cur is None else min(cur, lst[i][1])
             suffix_min[i] = cur
         after[g] = (seqs, suffix_min)
-    rank = int(rank_dir.name[5:]) if rank_dir.name[5:].isdigit() else -1
+    return after
+
+
+def _rows(new: list[dict[str, Any]], after: dict[str, tuple[list[int], list[int]]], ok_end: bool, traced: _Traced
+          ) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    """The begin columns of every FR-only entry and the end columns of those that completed (said by FR,
+    or inferred from a later op on the group or from the rank's clean exit: the module says why)."""
     begin_cols: dict[str, list[Any]] = {k: [] for k in (
         "op_id", "time_ns", "op_name", "process_group", "collective_seq_id", "bytes", "input_dtypes", "input_sizes",
         "timeout_ms", "call_site", "step")}
@@ -242,8 +282,7 @@ def merge_rank(rank_dir: Path, events: pa.Table, warnings: list[str]) -> pa.Tabl
         else:
             end_t, note = -1, ""
         op_id = OP_ID_BASE + r["record"]
-        k = int(np.searchsorted(mark_t, r["created"], side="right"))
-        step = mark_s[k - 1] if k > 0 else (0 if marks else -1)
+        step = traced.step_at(r["created"])
         for k, v in (("op_id", op_id), ("time_ns", r["created"]), ("op_name", r["op"]),
                      ("process_group", r["group"]), ("collective_seq_id", r["seq"]), ("bytes", r["bytes"]),
                      ("input_dtypes", r["dtypes"]), ("input_sizes", r["sizes"]), ("timeout_ms", r["timeout_ms"]),
@@ -253,14 +292,4 @@ def merge_rank(rank_dir: Path, events: pa.Table, warnings: list[str]) -> pa.Tabl
             for k, v in (("op_id", op_id), ("time_ns", end_t), ("op_name", r["op"]), ("process_group", r["group"]),
                          ("collective_seq_id", r["seq"]), ("message", note)):
                 end_cols[k].append(v)
-    nb, ne = len(begin_cols["op_id"]), len(end_cols["op_id"])
-    begin = events_table({**{k: np.asarray(v) if k not in ("op_name", "process_group", "input_dtypes",
-                                                           "input_sizes", "call_site") else v
-                             for k, v in begin_cols.items()},
-                          "rank": rank, "phase": S.PHASE_BEGIN, "kind": S.KIND_COLLECTIVE,
-                          "message": FR_MESSAGE}, nb)
-    end = events_table({**{k: np.asarray(v) if k in ("op_id", "time_ns", "collective_seq_id") else v
-                           for k, v in end_cols.items()},
-                        "rank": rank, "phase": S.PHASE_END, "kind": "", "status": S.STATUS_OK}, ne)
-    parts = [events] + [pa.Table.from_arrays(t.columns, schema=events.schema) for t in (begin, end) if t.num_rows]
-    return pa.concat_tables(parts)
+    return begin_cols, end_cols

@@ -1,7 +1,7 @@
 """The analyzer process's heap: what keeps its resident set near the tables it holds.
 
 `no_hugepages` and `trim` are process-wide and idempotent; callers are the loader (`trace.assemble`, the
-Flight Recorder builder) and the index (`analysis.index`), each where big temporaries have just been
+Flight Recorder builder) and the index (`index.views`), each where big temporaries have just been
 freed. `copy_on_write` says whether frames may share column buffers (the ops columns as views of the
 begin rows, a dump's equal columns).
 """

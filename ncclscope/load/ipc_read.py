@@ -52,7 +52,7 @@ def read_stream_lazy(path: Path | str, schema: pa.Schema, warnings: list[str],
         warnings.append(f"{path}: unreadable ({safe_io.short(exc)}); skipped")
         return schema.empty_table(), isinstance(exc, OSError) and exc.errno in _ABSENT
     if not stat.S_ISREG(st.st_mode):
-        warnings.append(f"{path}: {safe_io._kind(st.st_mode)}, not a regular file; skipped")
+        warnings.append(f"{path}: {safe_io.file_kind(st.st_mode)}, not a regular file; skipped")
         return schema.empty_table(), False
     if st.st_size == 0:
         warnings.append(f"{path}: empty file (the rank died before its first flush)")

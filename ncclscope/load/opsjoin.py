@@ -10,8 +10,10 @@ import numpy as np
 import pandas as pd
 
 from ncclscope import schema as S
-from ncclscope.load.columns import STATUS_INFLIGHT, _equals
+from ncclscope.load.columns import column_equals
 from ncclscope.load.heap import copy_on_write
+
+STATUS_INFLIGHT = "inflight"     # an op's status in `Trace.ops` when it has no end row (the evidence of a hang)
 
 
 def build_ops(events: pd.DataFrame) -> pd.DataFrame:
@@ -26,8 +28,8 @@ def build_ops(events: pd.DataFrame) -> pd.DataFrame:
     merge: on a 10-million-row trace it is several times faster and makes no
     intermediate copy of the begin rows.
     """
-    is_begin = _equals(events["phase"], S.PHASE_BEGIN)
-    is_end = _equals(events["phase"], S.PHASE_END)
+    is_begin = column_equals(events["phase"], S.PHASE_BEGIN)
+    is_end = column_equals(events["phase"], S.PHASE_END)
     key = (events["rank"].to_numpy().astype(np.int64) << 40) | (events["op_id"].to_numpy() & ((1 << 40) - 1))
     end_rows = np.flatnonzero(is_end)
     ekeys = key[end_rows]

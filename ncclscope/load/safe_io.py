@@ -43,7 +43,7 @@ class InputError(ValueError):
     """A file that cannot be read safely; the message is one line."""
 
 
-def _kind(mode: int) -> str:
+def file_kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a directory"
     if stat.S_ISFIFO(mode):
@@ -70,7 +70,7 @@ def check_regular(path: str | os.PathLike[str]) -> os.stat_result:
     except (OSError, ValueError) as exc:
         raise InputError(f"{path}: unreadable ({_oserror(exc)})") from None
     if not stat.S_ISREG(st.st_mode):
-        raise InputError(f"{path}: {_kind(st.st_mode)}, not a regular file; not read")
+        raise InputError(f"{path}: {file_kind(st.st_mode)}, not a regular file; not read")
     return st
 
 
@@ -84,7 +84,7 @@ def _open_checked(path: str | os.PathLike[str], limit: int | None) -> tuple[int,
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise InputError(f"{path}: {_kind(st.st_mode)}, not a regular file; not read")
+            raise InputError(f"{path}: {file_kind(st.st_mode)}, not a regular file; not read")
         if limit is not None and st.st_size > limit:
             raise InputError(f"{path}: {st.st_size} bytes, over the {limit}-byte limit for this file; not read")
     except BaseException:

@@ -29,11 +29,12 @@ from ncclscope import schema as S
 
 from ncclscope.load.foreign.errors import TraceError
 from ncclscope.load.fr_merge import FR_FILE, FR_NCCL_PREFIX, merge_rank
-from ncclscope.load.columns import _CATEGORICAL, conform_table, STATUS_INFLIGHT, _aligned, _columns, _Columns, _equals, _fill_ints, _force_rank  # noqa: F401,E501
+from ncclscope.load.columns import Columns, aligned_times, as_columns, fill_ints
 from ncclscope.load.heap import copy_on_write, no_hugepages, trim
 from ncclscope.load.opsjoin import build_ops
-from ncclscope.load.groupviews import GROUP_ROW_BUDGET, GroupViews, _parse_view  # noqa: F401
-from ncclscope.load.ipc_read import read_stream, read_stream_lazy  # noqa: F401  (read_stream: moved, re-exported)
+from ncclscope.load.groupviews import GroupViews
+from ncclscope.load.ipc_read import read_stream_lazy
+from ncclscope.load.run_info import RankExit, RunInfo
 
 
 @dataclass
@@ -90,7 +91,7 @@ class RankInfo:
 @dataclass
 class Trace:
     path: Path
-    run: dict[str, Any]
+    run: RunInfo                   # run.json (or what a foreign reader synthesized), typed: load/run_info.py
     world_size: int
     ranks: dict[int, RankInfo]
     events: pd.DataFrame
@@ -267,22 +268,93 @@ def _has_dump(names: frozenset[str] | None) -> bool:
     return any(n == FR_FILE or (n.startswith(FR_NCCL_PREFIX) and not n.endswith(".tmp")) for n in names)
 
 
-def _load_rank(r: int, d: Path, root: Path, ranks: dict[int, RankInfo], views: GroupViews, stacks: dict[int, str],
-               tables: tuple[_Columns, _Columns, _Columns], warnings: list[str]) -> int:
-    """One rank directory into `ranks`, `views`, `stacks` and the column engines (`load`'s loop body).
+class RunDirLoader:
+    """One run directory being loaded, rank directory by rank directory (`load`'s loop).
 
-    Paths are plain strings (str(d / name) is f"{d}/{name}" for a rank directory of `_rank_dirs`): at
-    16,384 ranks pathlib's joins alone cost 2 s. Every warning reads as before. Returns the world size
-    the rank's rank.json declares (0: none)."""
-    ds = str(d)
-    names = _listing(ds)
-    rank_json = f"{ds}/{S.RANK_JSON}"
-    meta = _read_json(rank_json, warnings, root=root) if names is None or S.RANK_JSON in names else {}
-    if meta and _int(meta.get("rank"), r) != r:
-        warnings.append(f"{rank_json}: says rank {meta.get('rank')} but lives in {d.name}; using {r}")
+    Owns what the ranks add to: their RankInfo, the group views, the stacks, the three column engines
+    (each rank's tables become compact columns as soon as they are read, so its read buffers go at
+    once) and the highest world size a rank.json declares. `finish` adds what run.json says about each
+    rank and assembles the Trace."""
+
+    def __init__(self, root: Path, warnings: list[str]) -> None:
+        self.root = root
+        self.warnings = warnings
+        self.ranks: dict[int, RankInfo] = {}
+        self.views = GroupViews()
+        self.stacks: dict[int, str] = {}
+        self.events = Columns(S.EVENTS_SCHEMA)
+        self.metrics = Columns(S.METRICS_SCHEMA)
+        self.samples = Columns(S.SAMPLES_SCHEMA)
+        self.declared_world = 0              # the highest world_size a rank.json declares (0: none)
+
+    def add_rank(self, r: int, d: Path) -> None:
+        """One rank directory: rank.json, its group view, its three streams (and Flight Recorder dump), stacks.
+
+        Paths are plain strings (str(d / name) is f"{d}/{name}" for a rank directory of `_rank_dirs`): at
+        16,384 ranks pathlib's joins alone cost 2 s. Every warning reads as before."""
+        warnings = self.warnings
+        ds = str(d)
+        names = _listing(ds)
+        rank_json = f"{ds}/{S.RANK_JSON}"
+        meta = _read_json(rank_json, warnings, root=self.root) if names is None or S.RANK_JSON in names else {}
+        if meta and _int(meta.get("rank"), r) != r:
+            warnings.append(f"{rank_json}: says rank {meta.get('rank')} but lives in {d.name}; using {r}")
+        self.ranks[r] = _rank_info(r, meta)
+        gpath = f"{ds}/{S.GROUPS_JSON}"
+        if _has(names, ds, S.GROUPS_JSON):
+            try:
+                self.views.add(r, safe_io.read_bytes(gpath, safe_io.JSON_LIMIT), warnings, gpath)
+            except (OSError, ValueError) as exc:     # safe_io.InputError: not a regular file, too big
+                warnings.append(f"{gpath}: unreadable ({safe_io.short(exc)}); this rank's group view is unknown")
+        elif isinstance(meta.get("groups"), list):   # traces written before groups.json
+            self.views.add(r, meta["groups"], warnings, rank_json)
+        epath = f"{ds}/{S.EVENTS_FILE}"
+        dump = _has_dump(names)
+        # a rank with a dump has its rows read by merge_rank: those come in the schema (no lazy fill)
+        ev, absent = read_stream_lazy(epath, S.EVENTS_SCHEMA, warnings, lazy=not dump)
+        if dump:
+            ev = merge_rank(d, ev, warnings)      # ncclscope run: Flight Recorder-only ops (none without a dump)
+        if absent:
+            warnings.append(f"{epath}: missing (the rank wrote no events)")
+        self.events.add(ev, rank=r)          # every row's rank is r (force_rank), set once per batch
+        del ev
+        self.metrics.add(read_stream_lazy(f"{ds}/{S.METRICS_FILE}", S.METRICS_SCHEMA, warnings)[0], rank=r)
+        self.samples.add(read_stream_lazy(f"{ds}/{S.SAMPLES_FILE}", S.SAMPLES_SCHEMA, warnings)[0], rank=r)
+        if _has(names, ds, S.STACKS_FILE):
+            spath = f"{ds}/{S.STACKS_FILE}"
+            try:
+                self.stacks[r] = safe_io.read_text(spath)
+            except (OSError, ValueError) as exc:
+                warnings.append(f"{spath}: unreadable ({safe_io.short(exc)}); no stacks for rank {r}")
+        self.declared_world = max(self.declared_world, _int(meta.get("world_size"), 0))
+
+    def finish(self, run: RunInfo, world_size: int) -> Trace:
+        """Ranks without a directory become RankInfo(present=False); run.json's exit codes and signals go
+        onto each rank; the group views are resolved and everything is assembled."""
+        ranks, root = self.ranks, self.root
+        for r in range(world_size):
+            if r not in ranks:
+                ranks[r] = RankInfo(rank=r, present=False)
+                self.warnings.append(f"{root}: rank {r} has no directory {S.rank_dir_name(r)}; analyzing the other ranks")
+            ex = run.exits.get(r)
+            if ex is not None:
+                apply_exit(ranks[r], ex)
+        self.views.resolve(self.warnings)
+        return assemble(root, run, world_size, ranks, Tables(events=self.events, metrics=self.metrics,
+                                                               samples=self.samples, group_views=self.views,
+                                                               stacks=self.stacks, warnings=self.warnings))
+
+
+def apply_exit(info: RankInfo, ex: RankExit) -> None:
+    """The launcher's view of how the rank ended (run.json `ranks`), onto its RankInfo."""
+    info.exitcode, info.signal, info.stopped_by_launcher = ex.exitcode, ex.signal, ex.stopped_by_launcher
+
+
+def _rank_info(r: int, meta: dict[str, Any]) -> RankInfo:
+    """RankInfo of a present rank from its rank.json (`meta`, {} when there is none)."""
     end = meta.get("end") if isinstance(meta.get("end"), dict) else {}
     coords = meta.get("coords") if isinstance(meta.get("coords"), dict) else {}
-    ranks[r] = RankInfo(
+    return RankInfo(
         rank=r, present=True, host=str(meta.get("host", "")), pid=_int(meta.get("pid")),
         device=str(meta.get("device", "")),
         clock_offset_ns=_int(meta.get("clock_offset_ns"), 0),
@@ -292,34 +364,6 @@ def _load_rank(r: int, d: Path, root: Path, ranks: dict[int, RankInfo], views: G
         end_status=str(end.get("status", "")), end_message=str(end.get("message", "")),
         call_sites=_call_sites(meta.get("call_sites")),
     )
-    gpath = f"{ds}/{S.GROUPS_JSON}"
-    if _has(names, ds, S.GROUPS_JSON):
-        try:
-            views.add(r, safe_io.read_bytes(gpath, safe_io.JSON_LIMIT), warnings, gpath)
-        except (OSError, ValueError) as exc:     # safe_io.InputError: not a regular file, too big
-            warnings.append(f"{gpath}: unreadable ({safe_io.short(exc)}); this rank's group view is unknown")
-    elif isinstance(meta.get("groups"), list):   # traces written before groups.json
-        views.add(r, meta["groups"], warnings, rank_json)
-    event_tables, metric_tables, sample_tables = tables
-    epath = f"{ds}/{S.EVENTS_FILE}"
-    dump = _has_dump(names)
-    # a rank with a dump has its rows read by merge_rank: those come in the schema (no lazy fill)
-    ev, absent = read_stream_lazy(epath, S.EVENTS_SCHEMA, warnings, lazy=not dump)
-    if dump:
-        ev = merge_rank(d, ev, warnings)      # ncclscope run: Flight Recorder-only ops (none without a dump)
-    if absent:
-        warnings.append(f"{epath}: missing (the rank wrote no events)")
-    event_tables.add(ev, rank=r)          # every row's rank is r (force_rank), set once per batch
-    del ev
-    metric_tables.add(read_stream_lazy(f"{ds}/{S.METRICS_FILE}", S.METRICS_SCHEMA, warnings)[0], rank=r)
-    sample_tables.add(read_stream_lazy(f"{ds}/{S.SAMPLES_FILE}", S.SAMPLES_SCHEMA, warnings)[0], rank=r)
-    if _has(names, ds, S.STACKS_FILE):
-        spath = f"{ds}/{S.STACKS_FILE}"
-        try:
-            stacks[r] = safe_io.read_text(spath)
-        except (OSError, ValueError) as exc:
-            warnings.append(f"{spath}: unreadable ({safe_io.short(exc)}); no stacks for rank {r}")
-    return _int(meta.get("world_size"), 0)
 
 
 def load(path: str | os.PathLike[str]) -> Trace:
@@ -331,82 +375,62 @@ def load(path: str | os.PathLike[str]) -> Trace:
     if not root.is_dir():
         raise TraceError(f"{root}: not a directory (expected a run directory with rank-NNNNN/ inside)")
     warnings: list[str] = []
-    run = _read_json(root / S.RUN_JSON, warnings)
+    run = RunInfo.from_dict(_read_json(root / S.RUN_JSON, warnings), warnings, str(root / S.RUN_JSON))
     dirs = _rank_dirs(root, warnings)
     if not dirs:
         raise TraceError(f"{root}: no rank-NNNNN directories (is this a run directory?)")
-
-    ranks: dict[int, RankInfo] = {}
-    # each rank's tables become compact columns as soon as they are read (its read buffers go at once)
-    event_tables, metric_tables, sample_tables = (_Columns(S.EVENTS_SCHEMA), _Columns(S.METRICS_SCHEMA),
-                                                  _Columns(S.SAMPLES_SCHEMA))
-    views = GroupViews()
-    stacks: dict[int, str] = {}
-    world_size = _int(run.get("world_size"), 0)
+    loader = RunDirLoader(root, warnings)
     for r, d in dirs.items():
-        declared = _load_rank(r, d, root, ranks, views, stacks, (event_tables, metric_tables, sample_tables),
-                              warnings)
-        world_size = max(world_size, declared)
-
-    exits = run.get("ranks") if isinstance(run.get("ranks"), dict) else {}
-    world_size = max(world_size, max(dirs) + 1)
-    for r in range(world_size):
-        if r not in ranks:
-            ranks[r] = RankInfo(rank=r, present=False)
-            warnings.append(f"{root}: rank {r} has no directory {S.rank_dir_name(r)}; analyzing the other ranks")
-        ex = exits.get(str(r)) if isinstance(exits, dict) else None
-        if isinstance(ex, dict):
-            code = ex.get("exitcode")
-            ranks[r].exitcode = code if isinstance(code, int) else None
-            sig = ex.get("signal")
-            ranks[r].signal = str(sig) if sig else None
-            ranks[r].stopped_by_launcher = bool(ex.get("stopped_by_launcher", False))
-
-    views.resolve(warnings)
-    return assemble(root, run, world_size, ranks, event_tables, metric_tables, sample_tables, None,
-                    stacks, warnings, group_views=views)
+        loader.add_rank(r, d)
+    world_size = max(run.world_size, loader.declared_world, max(dirs) + 1)
+    return loader.finish(run, world_size)
 
 
-def assemble(
-    path: Path, run: dict[str, Any], world_size: int, ranks: dict[int, RankInfo],
-    event_tables: "list[pa.Table] | _Columns", metric_tables: "list[pa.Table] | _Columns | None" = None,
-    sample_tables: "list[pa.Table] | _Columns | None" = None, group_rows: list[dict[str, Any]] | None = None,
-    stacks: dict[int, str] | None = None, warnings: list[str] | None = None,
-    group_views: GroupViews | None = None,
-) -> Trace:
+@dataclass
+class Tables:
+    """What a loader read, for `assemble`: the event, metric and sample tables (lists of Arrow tables in
+    the schema, consumed as they are converted, or the column engines `RunDirLoader` filled), the group
+    table (rows, or the views already collected), the stacks and the warnings so far."""
+
+    events: "list[pa.Table] | Columns"
+    metrics: "list[pa.Table] | Columns | None" = None
+    samples: "list[pa.Table] | Columns | None" = None
+    group_rows: list[dict[str, Any]] | None = None
+    group_views: GroupViews | None = None
+    stacks: dict[int, str] | None = None
+    warnings: list[str] | None = None
+
+
+def assemble(path: Path, run: RunInfo, world_size: int, ranks: dict[int, RankInfo], tables: Tables) -> Trace:
     """Build a Trace from Arrow tables in the schema; used by `load` and by the
-    foreign-format readers in `ingest/`, so every analysis sees one shape.
+    foreign-format readers in `load/foreign/`, so every analysis sees one shape.
     The table lists are consumed (emptied) to keep peak memory near one copy."""
     no_hugepages()
-    # begin rows first: the ops columns are then views of them (`_Columns.frame`, `opsjoin.ops_from_join`)
-    events = _fill_ints(_columns(event_tables, S.EVENTS_SCHEMA).frame(lead=("phase", S.PHASE_BEGIN)),
+    # begin rows first: the ops columns are then views of them (`Columns.frame`, `opsjoin.ops_from_join`)
+    events = fill_ints(as_columns(tables.events, S.EVENTS_SCHEMA).frame(lead=("phase", S.PHASE_BEGIN)),
                         S.EVENTS_SCHEMA)
     offsets = {r: int(info.clock_offset_ns) for r, info in ranks.items()}
     if any(offsets.values()):
-        events["t_ns"] = _aligned(events["time_ns"].to_numpy(), events["rank"].to_numpy(), offsets)
+        events["t_ns"] = aligned_times(events["time_ns"].to_numpy(), events["rank"].to_numpy(), offsets)
     else:        # one clock (one host, a dump): t_ns is time_ns, one buffer under copy-on-write
         events["t_ns"] = events["time_ns"] if copy_on_write() else events["time_ns"].copy()
-    metrics = _fill_ints(_columns(metric_tables, S.METRICS_SCHEMA).frame(), S.METRICS_SCHEMA)
-    samples = _fill_ints(_columns(sample_tables, S.SAMPLES_SCHEMA).frame(), S.SAMPLES_SCHEMA)
+    metrics = fill_ints(as_columns(tables.metrics, S.METRICS_SCHEMA).frame(), S.METRICS_SCHEMA)
+    samples = fill_ints(as_columns(tables.samples, S.SAMPLES_SCHEMA).frame(), S.SAMPLES_SCHEMA)
     if len(samples):
-        samples["time_ns"] = _aligned(samples["time_ns"].to_numpy(), samples["rank"].to_numpy(), offsets)
+        samples["time_ns"] = aligned_times(samples["time_ns"].to_numpy(), samples["rank"].to_numpy(), offsets)
     if len(metrics):
-        metrics["time_ns"] = _aligned(metrics["time_ns"].to_numpy(), metrics["rank"].to_numpy(), offsets)
+        metrics["time_ns"] = aligned_times(metrics["time_ns"].to_numpy(), metrics["rank"].to_numpy(), offsets)
+    group_views = tables.group_views
     if group_views is None:
         group_views = GroupViews()
-        group_views.add_rows(group_rows or [])
+        group_views.add_rows(tables.group_rows or [])
     groups = group_views.table()
     ops = build_ops(events)
     trim()
     return Trace(
         group_views=group_views,
         path=path, run=run, world_size=world_size, ranks=dict(sorted(ranks.items())), events=events,
-        ops=ops, metrics=metrics, samples=samples, groups=groups, stacks=stacks or {},
-        warnings=warnings if warnings is not None else [],
+        ops=ops, metrics=metrics, samples=samples, groups=groups, stacks=tables.stacks or {},
+        warnings=tables.warnings if tables.warnings is not None else [],
     )
 
-
-def force_rank(table: pa.Table, rank: int) -> pa.Table:
-    """Trust the directory, not the rows: a hostile file cannot claim another rank. (`load` has the column
-    engine do it per batch: `_Columns.add(table, rank=r)`.)"""
-    return _force_rank(table, rank)

@@ -2,7 +2,7 @@
 `stage_imbalance` findings, each measured against a stated baseline.
 
 Warnings state their baseline and must stand out of this machine's noise
-(`_findings`): a `pipeline_bubble` is a warning when the measured bubble is
+(`judge_bubbles`): a `pipeline_bubble` is a warning when the measured bubble is
 over theory by EXCESS_FLOOR (10 points) and 1.25x, *and* its excess is
 explained by something other than the run's own latency: the stages are
 imbalanced (slowest stage >= IMBALANCE_RATIO 1.3x the median, SATURATED_RATIO
@@ -19,6 +19,8 @@ same numbers.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
@@ -29,10 +31,10 @@ from ncclscope.perf.bubble_result import BubbleResult
 MS = 1e6
 
 
-def _p2p_latency_ns(trace: Trace) -> float:
+def median_p2p_latency_ns(trace: Trace) -> float:
     """The run's own median p2p latency (send start to receive completion), the comm-stall baseline's unit."""
-    from ncclscope.perf.comm_stats import _p2p
-    lat = _p2p(trace)["lat_ms"].astype("float64")
+    from ncclscope.perf.comm_stats import p2p_transfers
+    lat = p2p_transfers(trace)["lat_ms"].astype("float64")
     lat = lat[np.isfinite(lat) & (lat >= 0)]
     return float(lat.median() * MS) if len(lat) else float("nan")
 
@@ -47,20 +49,47 @@ IMBALANCE_SAVING = 0.10    # and balancing it saves >= 10% of the step
 SATURATED_RATIO = 2.0      # the ratio needed where a host runs >= 2 ranks per core (see _host_load)
 
 
-def _findings(trace: Trace, res: BubbleResult, sel: pd.DataFrame, steps: pd.DataFrame, slowest: int,
-              stage_load: pd.Series) -> list[Finding]:
+def judge_bubbles(trace: Trace, res: BubbleResult, sel: pd.DataFrame, steps: pd.DataFrame, slowest: int,
+                  stage_load: pd.Series) -> list[Finding]:
     """pipeline_bubble and stage_imbalance: a warning only when significant against the stated baseline,
-    else `info` with the same numbers.
+    else `info` with the same numbers. Fills `res.baseline`.
 
     Baselines: the textbook bubble for the schedule (warm-up/cool-down); for the
     communication stall, every p2p op of a stage at the run's own median p2p
     latency (what a healthy run on this machine idles waiting for messages);
     for imbalance, the structural floor above (noise on shared cores makes
     stages differ by ~20% here)."""
+    imb = _imbalance(trace, steps, slowest, stage_load)
+    stall = _comm_stall(res, sel)
+    res.baseline = {"theory": res.theory, "comm_stall": stall.base, "p2p_latency_ns": res.p2p_latency_ns,
+                    "p2p_ops_per_stage_step": stall.n_ops, "imbalance_ratio": imb.need,
+                    "imbalance_saving": IMBALANCE_SAVING}
     out: list[Finding] = []
-    measured = res.measured
-    theory = res.theory
-    cfg = f"{res.schedule}, p={res.p}, m={res.m}" + (f", v={res.v}" if res.v > 1 else "")
+    measured, theory = res.measured, res.theory
+    if np.isfinite(measured) and np.isfinite(theory) and measured > theory + EXCESS_FLOOR and measured > 1.25 * theory:
+        out.append(_bubble_finding(trace, res, sel, imb, stall))
+    if (len(stage_load) > 1 and imb.med > 0 and imb.slow >= 1.15 * imb.med and imb.window > 0
+            and imb.saving >= 0.05 * imb.window):
+        out.append(_imbalance_finding(sel, slowest, imb))
+    return out
+
+
+@dataclass
+class _Imbalance:
+    """The slowest stage against the median stage, and whether that is a warning on this host."""
+
+    med: float          # the median stage's load (ns per step)
+    slow: float         # the slowest stage's
+    ratio: float        # slow / med
+    window: float       # mean step window (ns)
+    saving: float       # mean saving per step of running the slowest stage at the median speed (ns)
+    load: float         # ranks per core on the most loaded host (0: unknown)
+    crowd: str          # 'N ranks share C cores on host H'
+    need: float         # the ratio a warning needs on this host
+    imbalanced: bool    # significant
+
+
+def _imbalance(trace: Trace, steps: pd.DataFrame, slowest: int, stage_load: pd.Series) -> _Imbalance:
     med = float(stage_load.median())
     slow = float(stage_load.loc[slowest])
     window = float(steps["window_ns"].mean()) if len(steps) else 0.0
@@ -73,70 +102,91 @@ def _findings(trace: Trace, res: BubbleResult, sel: pd.DataFrame, steps: pd.Data
     need = SATURATED_RATIO if load >= 2 else IMBALANCE_RATIO
     imbalanced = bool(len(stage_load) > 1 and med > 0 and window > 0 and ratio >= need
                       and saving >= IMBALANCE_SAVING * window)
+    return _Imbalance(med, slow, ratio, window, saving, load, crowd, need, imbalanced)
+
+
+@dataclass
+class _Stall:
+    """The communication stall of the summary steps against its baseline (fractions of the step)."""
+
+    value: float        # measured comm stall
+    base: float         # each p2p op of a stage at the run's median p2p latency, capped at the stage's idle
+    n_ops: float        # p2p ops per stage and step
+    significant: bool   # at least STALL_FACTOR x the baseline and STALL_FLOOR above it
+    text: str           # the baseline in words
+
+
+def _comm_stall(res: BubbleResult, sel: pd.DataFrame) -> _Stall:
     lat = res.p2p_latency_ns
     win = sel["window_ns"].sum() if len(sel) else 0.0
     base_ns = np.minimum(sel["p2p_ops"] * (lat if np.isfinite(lat) else 0.0), sel["idle_ns"]) if len(sel) else sel
-    stall_base = float(base_ns.sum() / win) if win > 0 else 0.0
-    stall = float(sel["comm_stall_ns"].sum() / win) if win > 0 else 0.0
-    stall_sig = stall >= STALL_FACTOR * stall_base and stall - stall_base >= STALL_FLOOR
+    base = float(base_ns.sum() / win) if win > 0 else 0.0
+    value = float(sel["comm_stall_ns"].sum() / win) if win > 0 else 0.0
+    significant = value >= STALL_FACTOR * base and value - base >= STALL_FLOOR
     n_ops = float(sel["p2p_ops"].mean()) if len(sel) else 0.0
-    res.baseline = {"theory": theory, "comm_stall": stall_base, "p2p_latency_ns": lat, "p2p_ops_per_stage_step": n_ops,
-                    "imbalance_ratio": need, "imbalance_saving": IMBALANCE_SAVING}
-    base_txt = (f"comm-stall baseline {stall_base:.0%} of the step = {n_ops:.0f} p2p ops per stage and step at this "
-                f"run's median p2p latency {lat / MS:.2f} ms" if np.isfinite(lat) else "no p2p latency measured")
-    if np.isfinite(measured) and np.isfinite(theory) and measured > theory + EXCESS_FLOOR and measured > 1.25 * theory:
-        parts = sel[["idle_ns", "warmup_cooldown_ns", "imbalance_ns", "comm_stall_ns", "window_ns"]].sum()
-        share = {k: float(parts[k] / parts["window_ns"]) for k in ("warmup_cooldown_ns", "imbalance_ns", "comm_stall_ns")}
-        worst = res.stages.sort_values("bubble", ascending=False).head(4)
-        ev = []
-        for _, row in worst.iterrows():
-            r = sel[sel["pp_pos"] == row["stage"]].sort_values("idle_ns").iloc[-1]
-            ev.append(Evidence(rank=int(r["rank"]), note=(
-                f"stage {int(row['stage'])} idles {row['bubble']:.0%} of the step ({row['idle_ns'] / MS:.1f} of "
-                f"{row['window_ns'] / MS:.1f} ms; imbalance {row['imbalance_ns'] / MS:.1f} ms, "
-                f"comm stall {row['comm_stall_ns'] / MS:.1f} ms)"), time_ns=int(r["window_start_ns"])))
-        saturated = _saturated_host(trace)
-        if stall_sig and saturated and not imbalanced:
-            # ranks >= cores on a host: a rank waiting for its peer's message is mostly waiting for
-            # the peer's process to be scheduled, which no interconnect or schedule change fixes
-            stall_sig = False
-        significant = imbalanced or stall_sig
-        if imbalanced and (not stall_sig or share["imbalance_ns"] >= share["comm_stall_ns"] - stall_base):
-            why = "uneven stages (move layers off the slowest stage)"
-        elif stall_sig:
-            why = "communication stalls above their baseline (p2p latency or host overhead between ops)"
-        else:
-            why = "communication at this run's own p2p latency (latency-bound: fewer, larger microbatches help)"
-        title = (f"pipeline bubble {measured:.0%} vs {theory:.0%} in theory ({cfg}); the excess is mostly {why}: "
-                 f"imbalance {share['imbalance_ns']:.0%}, comm stall {share['comm_stall_ns']:.0%} of the step "
-                 f"({base_txt})")
-        if not significant and saturated:
-            title += (f"; not a warning: {saturated} (stalls between ops are host scheduling), "
-                      f"slowest stage {ratio:.2f}x the median (needs {need:g}x)")
-        elif not significant:
-            title += (f"; not a warning: comm stall under {STALL_FACTOR:g}x its baseline + {STALL_FLOOR:.0%}, "
-                      f"slowest stage {ratio:.2f}x the median (needs {need:g}x)")
-        out.append(Finding(
-            "pipeline_bubble", "warning" if significant else "info", title,
-            sorted(int(r) for r in sel.loc[sel["pp_pos"].isin(worst["stage"]), "rank"].unique()[:8]), ev,
-            {"measured": measured, "theory": theory, **{k[:-3]: v for k, v in share.items()},
-             "comm_stall_baseline": stall_base, "p2p_latency_ns": lat, "significant": bool(significant)}))
-    if len(stage_load) > 1 and med > 0 and slow >= 1.15 * med and window > 0 and saving >= 0.05 * window:
-        at = sel[sel["pp_pos"] == slowest].sort_values("compute_ns", ascending=False)
-        ev = [Evidence(rank=int(r["rank"]), note=(
-            f"stage {slowest} step {int(r['step'])}: compute {r['compute_ns'] / MS:.1f} ms "
-            f"(median stage {med / MS:.1f} ms)"), time_ns=int(r["window_start_ns"])) for _, r in at.head(5).iterrows()]
-        title = (f"pipeline stage {slowest} is the slowest: compute {ratio:.2f}x the median stage; balancing it would "
-                 f"save {saving / MS:.1f} ms per step ({saving / window:.0%})")
-        if not imbalanced:
-            title += (f"; within this machine's noise (a warning needs {need:g}x and "
-                      f"{IMBALANCE_SAVING:.0%} of the step" + (f"; {crowd}" if load >= 2 else "") + ")")
-        out.append(Finding(
-            "stage_imbalance", "warning" if imbalanced else "info", title,
-            sorted(int(r) for r in at["rank"].unique()[:8]), ev,
-            {"stage": slowest, "ratio": ratio, "saving_ns": saving, "saving_frac": saving / window,
-             "significant": imbalanced}))
-    return out
+    text = (f"comm-stall baseline {base:.0%} of the step = {n_ops:.0f} p2p ops per stage and step at this "
+            f"run's median p2p latency {lat / MS:.2f} ms" if np.isfinite(lat) else "no p2p latency measured")
+    return _Stall(value, base, n_ops, significant, text)
+
+
+def _bubble_finding(trace: Trace, res: BubbleResult, sel: pd.DataFrame, imb: _Imbalance, stall: _Stall) -> Finding:
+    """pipeline_bubble: the measured bubble is over theory; a warning when the excess is imbalance or a
+    communication stall above its baseline (never host scheduling on a saturated host)."""
+    measured, theory = res.measured, res.theory
+    cfg = f"{res.schedule}, p={res.p}, m={res.m}" + (f", v={res.v}" if res.v > 1 else "")
+    parts = sel[["idle_ns", "warmup_cooldown_ns", "imbalance_ns", "comm_stall_ns", "window_ns"]].sum()
+    share = {k: float(parts[k] / parts["window_ns"]) for k in ("warmup_cooldown_ns", "imbalance_ns", "comm_stall_ns")}
+    worst = res.stages.sort_values("bubble", ascending=False).head(4)
+    ev = []
+    for _, row in worst.iterrows():
+        r = sel[sel["pp_pos"] == row["stage"]].sort_values("idle_ns").iloc[-1]
+        ev.append(Evidence(rank=int(r["rank"]), note=(
+            f"stage {int(row['stage'])} idles {row['bubble']:.0%} of the step ({row['idle_ns'] / MS:.1f} of "
+            f"{row['window_ns'] / MS:.1f} ms; imbalance {row['imbalance_ns'] / MS:.1f} ms, "
+            f"comm stall {row['comm_stall_ns'] / MS:.1f} ms)"), time_ns=int(r["window_start_ns"])))
+    saturated = _saturated_host(trace)
+    # ranks >= cores on a host: a rank waiting for its peer's message is mostly waiting for the peer's
+    # process to be scheduled, which no interconnect or schedule change fixes
+    stall_sig = stall.significant and not (saturated and not imb.imbalanced)
+    significant = imb.imbalanced or stall_sig
+    if imb.imbalanced and (not stall_sig or share["imbalance_ns"] >= share["comm_stall_ns"] - stall.base):
+        why = "uneven stages (move layers off the slowest stage)"
+    elif stall_sig:
+        why = "communication stalls above their baseline (p2p latency or host overhead between ops)"
+    else:
+        why = "communication at this run's own p2p latency (latency-bound: fewer, larger microbatches help)"
+    title = (f"pipeline bubble {measured:.0%} vs {theory:.0%} in theory ({cfg}); the excess is mostly {why}: "
+             f"imbalance {share['imbalance_ns']:.0%}, comm stall {share['comm_stall_ns']:.0%} of the step "
+             f"({stall.text})")
+    if not significant and saturated:
+        title += (f"; not a warning: {saturated} (stalls between ops are host scheduling), "
+                  f"slowest stage {imb.ratio:.2f}x the median (needs {imb.need:g}x)")
+    elif not significant:
+        title += (f"; not a warning: comm stall under {STALL_FACTOR:g}x its baseline + {STALL_FLOOR:.0%}, "
+                  f"slowest stage {imb.ratio:.2f}x the median (needs {imb.need:g}x)")
+    return Finding(
+        "pipeline_bubble", "warning" if significant else "info", title,
+        sorted(int(r) for r in sel.loc[sel["pp_pos"].isin(worst["stage"]), "rank"].unique()[:8]), ev,
+        {"measured": measured, "theory": theory, **{k[:-3]: v for k, v in share.items()},
+         "comm_stall_baseline": stall.base, "p2p_latency_ns": res.p2p_latency_ns, "significant": bool(significant)})
+
+
+def _imbalance_finding(sel: pd.DataFrame, slowest: int, imb: _Imbalance) -> Finding:
+    """stage_imbalance: the slowest stage and what balancing it would save; a warning when significant."""
+    at = sel[sel["pp_pos"] == slowest].sort_values("compute_ns", ascending=False)
+    ev = [Evidence(rank=int(r["rank"]), note=(
+        f"stage {slowest} step {int(r['step'])}: compute {r['compute_ns'] / MS:.1f} ms "
+        f"(median stage {imb.med / MS:.1f} ms)"), time_ns=int(r["window_start_ns"])) for _, r in at.head(5).iterrows()]
+    title = (f"pipeline stage {slowest} is the slowest: compute {imb.ratio:.2f}x the median stage; balancing it would "
+             f"save {imb.saving / MS:.1f} ms per step ({imb.saving / imb.window:.0%})")
+    if not imb.imbalanced:
+        title += (f"; within this machine's noise (a warning needs {imb.need:g}x and "
+                  f"{IMBALANCE_SAVING:.0%} of the step" + (f"; {imb.crowd}" if imb.load >= 2 else "") + ")")
+    return Finding(
+        "stage_imbalance", "warning" if imb.imbalanced else "info", title,
+        sorted(int(r) for r in at["rank"].unique()[:8]), ev,
+        {"stage": slowest, "ratio": imb.ratio, "saving_ns": imb.saving, "saving_frac": imb.saving / imb.window,
+         "significant": imb.imbalanced})
 
 
 def _saturated_host(trace: Trace) -> str:

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 
-def _replay(nodes: pd.DataFrame, durations: np.ndarray, n_stages: int) -> np.ndarray:
+def replay_makespans(nodes: pd.DataFrame, durations: np.ndarray, n_stages: int) -> np.ndarray:
     """Zero-communication makespan of each replay (`sim`) for each duration column.
 
     nodes: one row per action, sorted by (sim, rank, observed start), with

@@ -1,12 +1,10 @@
 """What the bubble analysis returns: `BubbleResult` (the tables, times in ns,
-and the findings) and its two views, the JSON summary and the report's step
-windows. Shared by `bubbles.py` (which fills it) and `bubble_findings.py`
+and the findings). Shared by `bubbles.py` (which fills it) and `bubble_findings.py`
 (which judges it), so judging needs nothing from the module that measures.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import pandas as pd
 
@@ -35,13 +33,3 @@ class BubbleResult:
         """Mean measured bubble fraction over the summary steps."""
         return float(self.stages["bubble"].mean()) if len(self.stages) else float("nan")
 
-
-def step_windows(res: BubbleResult) -> pd.DataFrame:
-    """(pipeline, step, w0, w1) of the analysed steps, for the report's shading."""
-    return res.steps[["pipeline", "step", "w0", "w1"]] if len(res.steps) else pd.DataFrame(
-        columns=["pipeline", "step", "w0", "w1"])
-
-
-def to_json(res: BubbleResult) -> dict[str, Any]:
-    return {"schedule": res.schedule, "p": res.p, "m": res.m, "v": res.v, "theory": res.theory,
-            "measured": res.measured, "stages": res.stages.to_dict(orient="records")}

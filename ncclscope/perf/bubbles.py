@@ -32,13 +32,15 @@ Whether the result is worth a warning, against which baseline, is
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import pandas as pd
 
 from ncclscope.load.trace import Trace
-from ncclscope.perf.bubble_findings import MS, _findings, _p2p_latency_ns  # noqa: F401 - MS: imported from here
-from ncclscope.perf.bubble_replay import _replay
-from ncclscope.perf.bubble_result import BubbleResult, step_windows, to_json  # noqa: F401 - the module's public names
+from ncclscope.perf.bubble_findings import judge_bubbles, median_p2p_latency_ns
+from ncclscope.perf.bubble_replay import replay_makespans
+from ncclscope.perf.bubble_result import BubbleResult
 from ncclscope.index.views import release_heap
 
 FB = ("forward", "backward")
@@ -157,7 +159,7 @@ def pipeline_layout(trace: Trace) -> pd.DataFrame:
 
 
 def _config(trace: Trace, spans: pd.DataFrame, p: int) -> tuple[str, int, int]:
-    cfg = trace.run.get("config") if isinstance(trace.run.get("config"), dict) else {}
+    cfg = trace.run.config
     schedule = str(cfg.get("schedule") or "1f1b")
     n_stages = int(spans["stage"].max()) + 1 if len(spans) else p
     v = int(cfg.get("vpp") or max(1, n_stages // max(p, 1)))
@@ -167,58 +169,141 @@ def _config(trace: Trace, spans: pd.DataFrame, p: int) -> tuple[str, int, int]:
 
 
 def analyze_bubbles(trace: Trace) -> BubbleResult:
+    """Per pipeline and step, each stage's idle time split into warm-up/cool-down, imbalance and
+    communication stall (see the module docstring); the findings are judged in bubble_findings.py."""
     layout = pipeline_layout(trace)
     if not len(layout):
         return BubbleResult()
     ops = trace.ops
     p = int(layout["p"].max())
+    pipe_of, pos_of = _rank_lookups(layout, ops)
+    # the ops' own columns, not int64 copies (2 x 40 MB at 10 M events): products that could pass 2**31
+    # (rank x steps) are taken in int64 below
+    in_pipe = (pipe_of[ops["rank"].to_numpy()] >= 0) & (ops["step"].to_numpy() >= 0)
+    spans = _fb_spans(ops, in_pipe, pipe_of, pos_of)
+    schedule, m, v = _config(trace, spans, p)
+    res = BubbleResult(schedule=schedule, p=p, m=m, v=v, theory=theoretical_bubble(schedule, p, max(m, 1), v))
+    if not len(spans):
+        return res
+    win = _step_windows(spans, p, int(layout["pipeline"].max()) + 1)
+    if win is None:
+        return res
+    spans = spans[win.w0[spans["wkey"].to_numpy()] >= 0].reset_index(drop=True)
+    spans["dur"] = spans["end_ns"] - spans["start_ns"]
+    ss = _stage_step(trace, layout, spans, win, in_pipe, pipe_of)
+    steps, slowest, stage_load = _replays(spans, ss, win, p)
+    ss, steps = _split_idle(ss, steps, res.theory)
+    sel, summary_steps = _summarise(res, ss, steps, spans)
+    # the F/B spans (~300 MB at 10 M events, with the replay's nodes freed on return) go before the p2p
+    # latencies are matched: else both are resident at once, the analysis' peak
+    del spans, in_pipe
+    release_heap(trace)
+    res.p2p_latency_ns = median_p2p_latency_ns(trace)
+    res.findings = judge_bubbles(trace, res, sel, steps[steps["step"].isin(summary_steps)], slowest, stage_load)
+    return res
+
+
+def _rank_lookups(layout: pd.DataFrame, ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(pipeline of each rank, its stage position), -1 for ranks in no pipeline; indexed by rank."""
     n_rank = int(max(layout["rank"].max(), ops["rank"].max() if len(ops) else 0)) + 1
     pipe_of = np.full(n_rank, -1, dtype=np.int64)
     pos_of = np.full(n_rank, -1, dtype=np.int64)
     pipe_of[layout["rank"].to_numpy()] = layout["pipeline"].to_numpy()
     pos_of[layout["rank"].to_numpy()] = layout["pp_pos"].to_numpy()
-    # the ops' own columns, not int64 copies (2 x 40 MB at 10 M events): products that could pass 2**31
-    # (rank x steps) are taken in int64 below
-    o_rank = ops["rank"].to_numpy()
-    o_step = ops["step"].to_numpy()
-    in_pipe = (pipe_of[o_rank] >= 0) & (o_step >= 0)
+    return pipe_of, pos_of
+
+
+def _fb_spans(ops: pd.DataFrame, in_pipe: np.ndarray, pipe_of: np.ndarray, pos_of: np.ndarray) -> pd.DataFrame:
+    """The forward and backward compute spans of the pipelines' ranks in training steps, with is_b,
+    pipeline and pp_pos."""
     fb = (ops["kind"] == "compute").to_numpy() & ops["op_name"].isin(FB).to_numpy() & in_pipe
     spans = pd.DataFrame({c: ops[c].to_numpy()[fb] for c in ("rank", "step", "microbatch", "stage", "start_ns",
                                                               "end_ns")})
     spans["is_b"] = (ops["op_name"] == "backward").to_numpy()[fb].astype(np.int64)
     spans["rank"] = spans["rank"].astype(np.int64)
     spans["pipeline"], spans["pp_pos"] = pipe_of[spans["rank"]], pos_of[spans["rank"]]
-    schedule, m, v = _config(trace, spans, p)
-    res = BubbleResult(schedule=schedule, p=p, m=m, v=v, theory=theoretical_bubble(schedule, p, max(m, 1), v))
-    if not len(spans):
-        return res
+    return spans
 
-    # Windows per (pipeline, step); a step with an unfinished F/B is a hang, not a bubble.
+
+@dataclass
+class _Windows:
+    """The analysed windows, one per (pipeline, step) whose forwards and backwards all ended on all p
+    stages (a step with an unfinished F/B is a hang, not a bubble). A window's key `wkey` is
+    pipeline * n_st + the index of its step in `steps`."""
+
+    steps: np.ndarray          # every step with an F/B span, sorted
+    table: pd.DataFrame        # per analysed wkey (the index): w0, w1, inflight, ranks
+    w0: np.ndarray             # per wkey: first F/B start, -1 where not analysed
+    w1: np.ndarray             # per wkey: last F/B end
+
+    @property
+    def n_st(self) -> int:
+        return len(self.steps)
+
+
+def _step_windows(spans: pd.DataFrame, p: int, n_pipes: int) -> _Windows | None:
+    """The windows from the first forward to the last backward on any stage; adds `wkey` to `spans`.
+    None when no window is complete."""
     steps_u = np.unique(spans["step"].to_numpy())
     n_st = len(steps_u)
     spans["wkey"] = spans["pipeline"] * n_st + np.searchsorted(steps_u, spans["step"])
     g = spans.groupby("wkey")
     win = pd.DataFrame({"w0": g["start_ns"].min(), "w1": g["end_ns"].max(), "inflight": (spans["end_ns"] < 0).groupby(spans["wkey"]).sum(),
                         "ranks": g["rank"].nunique()})
-    del g                      # it holds every F/B span: the filtered copy below replaces them
+    del g                      # it holds every F/B span: the caller's filtered copy replaces them
     win = win[(win["inflight"] == 0) & (win["ranks"] == p)]
     if not len(win):
-        return res
-    n_w = int(n_st * (layout["pipeline"].max() + 1))
+        return None
+    n_w = n_st * n_pipes
     w0 = np.full(n_w, -1, dtype=np.int64)
     w1 = np.full(n_w, -1, dtype=np.int64)
     w0[win.index.to_numpy()], w1[win.index.to_numpy()] = win["w0"].to_numpy(), win["w1"].to_numpy()
-    spans = spans[w0[spans["wkey"].to_numpy()] >= 0].reset_index(drop=True)
-    spans["dur"] = spans["end_ns"] - spans["start_ns"]
+    return _Windows(steps_u, win, w0, w1)
 
-    # Per stage and step: compute, backward, exposed communication (dense key rank * n_st + step index).
-    n_rs = n_rank * n_st
+
+def _stage_step(trace: Trace, layout: pd.DataFrame, spans: pd.DataFrame, win: _Windows, in_pipe: np.ndarray,
+                pipe_of: np.ndarray) -> pd.DataFrame:
+    """Per pipeline, step and stage: window, compute, forward, backward, exposed communication, idle,
+    p2p ops and bubble (dense key rank * n_st + step index)."""
+    n_st, steps_u = win.n_st, win.steps
+    n_rs = len(pipe_of) * n_st
     rs_key = spans["rank"].to_numpy() * n_st + np.searchsorted(steps_u, spans["step"].to_numpy())
     dur = spans["dur"].to_numpy().astype(np.float64)
     compute = np.bincount(rs_key, weights=dur, minlength=n_rs)
     backward = np.bincount(rs_key, weights=dur * spans["is_b"].to_numpy(), minlength=n_rs)
-    # exposed communication: comm ops clipped to their window; rows are picked once (4 M of them at 10 M
-    # events: every full-length temporary here is ~30 MB, so none outlives its use)
+    del dur
+    u_all, u_cmp = _busy_union(trace, spans, rs_key, win, in_pipe, pipe_of)
+    del rs_key
+    wk = win.table.index.to_numpy()
+    ss = pd.DataFrame({"pipeline": wk // n_st, "step": steps_u[wk % n_st], "window_start_ns": win.table["w0"].to_numpy(),
+                       "window_ns": (win.table["w1"] - win.table["w0"]).to_numpy()})
+    ss = ss.merge(layout, on="pipeline").sort_values(["pipeline", "step", "pp_pos"]).reset_index(drop=True)
+    k = ss["rank"].to_numpy() * n_st + np.searchsorted(steps_u, ss["step"].to_numpy())
+    ss["compute_ns"], ss["backward_ns"] = compute[k], backward[k]
+    ss["forward_ns"] = ss["compute_ns"] - ss["backward_ns"]
+    ss["comm_ns"] = np.clip(u_all[k] - u_cmp[k], 0, None)
+    ss["idle_ns"] = (ss["window_ns"] - ss["compute_ns"]).clip(lower=0)
+    # the comm-stall baseline: each p2p op this stage issued, at the run's own median p2p latency
+    ops = trace.ops
+    o_rank, o_step = ops["rank"].to_numpy(), ops["step"].to_numpy()
+    pm = (ops["kind"] == "p2p").to_numpy() & in_pipe
+    n_p2p = pd.Series(1, index=pd.MultiIndex.from_arrays([o_rank[pm].astype(np.int64),
+                                                          o_step[pm].astype(np.int64)])).groupby(level=[0, 1]).size()
+    ss["p2p_ops"] = n_p2p.reindex(pd.MultiIndex.from_arrays([ss["rank"].to_numpy(dtype=np.int64),
+                                                             ss["step"].to_numpy(dtype=np.int64)])).fillna(0).to_numpy()
+    ss["bubble"] = ss["idle_ns"] / ss["window_ns"].where(ss["window_ns"] > 0)
+    return ss
+
+
+def _busy_union(trace: Trace, spans: pd.DataFrame, rs_key: np.ndarray, win: _Windows, in_pipe: np.ndarray,
+                pipe_of: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(union of compute and communication, union of compute) per dense (rank, step index) key: their
+    difference is the exposed communication. Comm ops are clipped to their window; rows are picked once
+    (4 M of them at 10 M events: every full-length temporary here is ~30 MB, so none outlives its use)."""
+    ops = trace.ops
+    n_st, steps_u, w0, w1 = win.n_st, win.steps, win.w0, win.w1
+    n_rs = len(pipe_of) * n_st
+    o_rank, o_step = ops["rank"].to_numpy(), ops["step"].to_numpy()
     start_all, end_all = ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy()
     rows = np.flatnonzero(ops["kind"].isin(COMM_KINDS).to_numpy() & in_pipe & (end_all >= 0))
     if len(ops) < 2**31:       # row numbers and step indices in int32: half of each of these 4 M-row arrays
@@ -250,25 +335,14 @@ def analyze_bubbles(trace: Trace) -> BubbleResult:
     del u_key, u_s, u_e
     release_heap(trace)     # the sweep's freed heap, before the replay's arrays (index.release_heap says why)
     u_cmp = union_length(rs_key, spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy(), n_rs)
+    return u_all, u_cmp
 
-    wk = win.index.to_numpy()
-    ss = pd.DataFrame({"pipeline": wk // n_st, "step": steps_u[wk % n_st], "window_start_ns": win["w0"].to_numpy(),
-                       "window_ns": (win["w1"] - win["w0"]).to_numpy()})
-    ss = ss.merge(layout, on="pipeline").sort_values(["pipeline", "step", "pp_pos"]).reset_index(drop=True)
-    k = ss["rank"].to_numpy() * n_st + np.searchsorted(steps_u, ss["step"].to_numpy())
-    ss["compute_ns"], ss["backward_ns"] = compute[k], backward[k]
-    ss["forward_ns"] = ss["compute_ns"] - ss["backward_ns"]
-    ss["comm_ns"] = np.clip(u_all[k] - u_cmp[k], 0, None)
-    ss["idle_ns"] = (ss["window_ns"] - ss["compute_ns"]).clip(lower=0)
-    # the comm-stall baseline: each p2p op this stage issued, at the run's own median p2p latency
-    pm = (ops["kind"] == "p2p").to_numpy() & in_pipe
-    n_p2p = pd.Series(1, index=pd.MultiIndex.from_arrays([o_rank[pm].astype(np.int64),
-                                                          o_step[pm].astype(np.int64)])).groupby(level=[0, 1]).size()
-    ss["p2p_ops"] = n_p2p.reindex(pd.MultiIndex.from_arrays([ss["rank"].to_numpy(dtype=np.int64),
-                                                             ss["step"].to_numpy(dtype=np.int64)])).fillna(0).to_numpy()
-    ss["bubble"] = ss["idle_ns"] / ss["window_ns"].where(ss["window_ns"] > 0)
 
-    # Replays: measured durations, uniform (mean F / mean B), slowest stage at the median stage's speed.
+def _replays(spans: pd.DataFrame, ss: pd.DataFrame, win: _Windows, p: int) -> tuple[pd.DataFrame, int, pd.Series]:
+    """(per pipeline and step: window, the three replays' makespans and the saving of fixing the slowest
+    stage; the slowest stage position; the load per stage position). Replays: measured durations, uniform
+    (mean F / mean B), slowest stage at the median stage's speed."""
+    n_st, steps_u = win.n_st, win.steps
     nodes = spans[spans["microbatch"] >= 0]
     nodes = nodes.groupby(["wkey", "rank", "pp_pos", "stage", "is_b", "microbatch"], as_index=False, sort=False).agg(
         start_ns=("start_ns", "min"), dur=("dur", "sum"))
@@ -283,15 +357,21 @@ def analyze_bubbles(trace: Trace) -> BubbleResult:
     fixed = np.where(nodes["pp_pos"].to_numpy() == slowest, med_d, nodes["dur"].to_numpy())
     n_stages = int(nodes["stage"].max()) + 1 if len(nodes) else p
     durs = np.column_stack([nodes["dur"].to_numpy(), mean_fb, fixed]).astype(np.float64)
-    makespans = _replay(nodes, durs, n_stages) if len(nodes) else np.zeros((0, 3))
+    del mean_fb, med_d, fixed
+    makespans = replay_makespans(nodes, durs, n_stages) if len(nodes) else np.zeros((0, 3))
+    del durs
     sim_w = nodes.drop_duplicates("sim").sort_values("sim")["wkey"].to_numpy()
     sims = pd.DataFrame({"pipeline": sim_w // n_st, "step": steps_u[sim_w % n_st], "replay_ns": makespans[:, 0],
                          "uniform_ns": makespans[:, 1], "fixed_ns": makespans[:, 2],
                          "sim_compute_ns": nodes.groupby("sim")["dur"].sum().to_numpy() / p})
     steps = ss.drop_duplicates(["pipeline", "step"])[["pipeline", "step", "window_start_ns", "window_ns"]]
     steps = steps.merge(sims, on=["pipeline", "step"], how="left")
+    return steps, slowest, stage_load
 
-    # Exact split of idle: warm-up/cool-down, imbalance, communication stall.
+
+def _split_idle(ss: pd.DataFrame, steps: pd.DataFrame, theory: float) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The exact split of each stage's idle time: warm-up/cool-down, imbalance, communication stall; and
+    per step the measured bubble, theory and the saving of fixing the slowest stage."""
     ss = ss.merge(steps[["pipeline", "step", "replay_ns", "uniform_ns", "sim_compute_ns"]], on=["pipeline", "step"])
     idle = ss["idle_ns"].to_numpy(dtype="float64")
     wc = np.clip((ss["uniform_ns"] - ss["sim_compute_ns"]).fillna(0).to_numpy(), 0, idle)
@@ -301,9 +381,15 @@ def analyze_bubbles(trace: Trace) -> BubbleResult:
     tot = ss.groupby(["pipeline", "step"])[["idle_ns", "window_ns"]].sum()
     steps = steps.merge((tot["idle_ns"] / tot["window_ns"]).rename("measured_bubble").reset_index(),
                         on=["pipeline", "step"])
-    steps["theory"] = res.theory
+    steps["theory"] = theory
     steps["saving_ns"] = (steps["replay_ns"] - steps["fixed_ns"]).clip(lower=0)
+    return ss, steps
 
+
+def _summarise(res: BubbleResult, ss: pd.DataFrame, steps: pd.DataFrame, spans: pd.DataFrame
+               ) -> tuple[pd.DataFrame, np.ndarray]:
+    """Fills res's tables (stage_step, steps, stages, microbatches); returns the summary steps' rows of
+    stage_step and the summary steps (all but the first when three or more completed: warm-up)."""
     summary_steps = np.sort(steps["step"].unique())
     if len(summary_steps) >= 3:
         summary_steps = summary_steps[1:]
@@ -318,10 +404,4 @@ def analyze_bubbles(trace: Trace) -> BubbleResult:
     mbt["op_name"] = np.where(mbt["is_b"] == 1, "backward", "forward")
     res.stage_step, res.steps, res.stages = ss, steps, stages
     res.microbatches = mbt.drop(columns="is_b")
-    # the F/B spans, replay nodes and their durations (~300 MB at 10 M events) go before the p2p latencies
-    # are matched: else both are resident at once, the analysis' peak
-    del spans, nodes, durs, mean_fb, fixed, med_d, rs_key, dur, in_pipe, fb, pm, u_all, u_cmp
-    release_heap(trace)
-    res.p2p_latency_ns = _p2p_latency_ns(trace)
-    res.findings = _findings(trace, res, sel, steps[steps["step"].isin(summary_steps)], slowest, stage_load)
-    return res
+    return sel, summary_steps

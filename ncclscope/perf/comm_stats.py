@@ -40,7 +40,7 @@ import pandas as pd
 
 from ncclscope.findings import Evidence, Finding
 from ncclscope.load.trace import Trace
-from ncclscope.perf.stragglers import collective_instances, group_table
+from ncclscope.perf.stragglers import collective_instances, group_table, step_times
 
 MS = 1e6
 SEND_OPS = ("send", "isend")
@@ -120,7 +120,7 @@ def analyze_comm(trace: Trace, slow_factor: float = 5.0, min_excess_ms: float = 
         inst["baseline_ms"] = base.reindex(inst.index)
         res.instances = inst
         res.findings += _slow_findings(inst, slow_factor, min_excess_ms, _run_ns(trace))
-    res.p2p = _p2p(trace)
+    res.p2p = p2p_transfers(trace)
     if len(res.p2p):
         p2p_rows = res.p2p.assign(op_name="p2p send", group_kind="p2p", process_group="",
                                   algbw_gbs=res.p2p["algbw_gbs"], busbw_gbs=res.p2p["algbw_gbs"])
@@ -130,7 +130,7 @@ def analyze_comm(trace: Trace, slow_factor: float = 5.0, min_excess_ms: float = 
     return res
 
 
-def _p2p(trace: Trace) -> pd.DataFrame:
+def p2p_transfers(trace: Trace) -> pd.DataFrame:
     """Per op pairs (src, dst): send matched to its recv by (src, dst, p2p_seq_id).
 
     Latency = receive completion - send start (what the consumer saw); the
@@ -151,7 +151,7 @@ def _p2p(trace: Trace) -> pd.DataFrame:
          "bytes": ops["bytes"].to_numpy()[srows], "t0": start[srows], "s_end": end[srows]}
     r = {"src": peer[rrows].astype("int64"), "dst": rank[rrows].astype("int64"), "seq": seq[rrows],
          "r_end": end[rrows]}
-    hit = (_unique_lookup([s["src"], s["dst"], s["seq"]], [r["src"], r["dst"], r["seq"]])
+    hit = (unique_lookup([s["src"], s["dst"], s["seq"]], [r["src"], r["dst"], r["seq"]])
            if len(srows) and len(rrows) else None)
     if hit is None:               # duplicate recv keys (or keys too wide to pack): the merge's many-to-many rows
         pairs = pd.DataFrame(s).merge(pd.DataFrame(r), on=["src", "dst", "seq"], how="left")
@@ -176,7 +176,7 @@ def _p2p(trace: Trace) -> pd.DataFrame:
                          "algbw_gbs": bw})
 
 
-def _unique_lookup(left: list[np.ndarray], right: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
+def unique_lookup(left: list[np.ndarray], right: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray] | None:
     """For each left key (tuple of int columns), the position of the equal right key and whether there is
     one; None when right keys repeat (a left join would multiply rows) or do not pack into one int64."""
     lo = [min(int(a.min()) if len(a) else 0, int(b.min()) if len(b) else 0) for a, b in zip(left, right)]
@@ -212,8 +212,7 @@ def p2p_matrix(p2p: pd.DataFrame) -> pd.DataFrame:
 
 
 def _run_ns(trace: Trace) -> float:
-    from ncclscope.perf.stragglers import _step_times
-    t = _step_times(trace)
+    t = step_times(trace)
     return float(t.sum()) if len(t) else float("nan")
 
 

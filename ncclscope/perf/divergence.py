@@ -15,16 +15,16 @@ to the last bits while some rank's is not: it never applied the reduction;
 this also decides a job-wide tie of the global norm); then by a
 signature of a skipped reduction: the local and global grad norms of the
 first divergent step fit exactly one rank having kept its own gradient
-(`_skip_signature`: with pipeline or tensor partners the global norm mixes
+(`skip_signature`: with pipeline or tensor partners the global norm mixes
 every stage, so the check solves for the reduced norms and keeps the rank for
 which they are possible); or a rank whose "reduced" grad norm equals its own
 local grad norm, while its peers' differ, never applied the reduction.
 Or by the job-wide global norm: it spans every parallel dimension, so it is
 one number for the whole job (checked: equal on every rank at every earlier
 step); in a tied pair the one member off the job-wide majority of that number
-at the first divergent step is the one that moved (`_world_norm_split`), and
+at the first divergent step is the one that moved (`world_norm_split`), and
 when several tied sets are decided so, only the set whose checksums moved
-apart most, by DECISIVE over every other, holds the cause (`_decisive_set`:
+apart most, by DECISIVE over every other, holds the cause (`decisive_set`:
 the others moved with it, through the norm or the tokens they exchange).
 When no replica set can compare at all (each a single rank: experts carved
 out of dp hold different parameters on every dp rank), the job-wide norm is
@@ -48,6 +48,17 @@ reduction) names the origin; the reduced norm, loss and checksum only show
 where it spread. A marker row named "nonfinite" (or "nan") in the events
 names the microbatch when the runtime records one.
 
+A traced user job (`ncclscope run`) has no norms: its tracer writes one
+`nonfinite` marker per rank, at the first non-finite INPUT of a reducing
+collective or DDP gradient (runtime/usertrace/nancheck.py). When the metrics
+say nothing, those markers name the origin (`nan_origin.nan_from_markers`): the
+markers of the first step that no other marker of that step happens-before.
+Marker A happens-before marker B when B's rank completed, before B's marker,
+a collective (same group and sequence number) or a receive that A's rank
+entered after A's marker: the NaN could have travelled in it. Several ranks
+whose NaNs at that step are unrelated so (two corrupt batches) are all named;
+markers at later steps are consequences (the reduction spread it).
+
 Grad-norm spikes: a norm above `spike_factor` x the running median of the
 previous `window` steps of the same rank.
 """
@@ -60,8 +71,9 @@ import pandas as pd
 
 from ncclscope.findings import Evidence, Finding
 from ncclscope.load.trace import Trace
-from ncclscope.perf.divergence_ties import (REL_TOL, _decisive_set, _kept_own_gradient, _replica_of, _skip_signature, _world_norm_split,
-                              _world_rows)
+from ncclscope.perf.nan_origin import nan_from_markers, nonfinite_markers
+from ncclscope.perf.divergence_ties import (REL_TOL, decisive_set, kept_own_gradient, replica_of, skip_signature,
+                                            world_norm_split, world_rows)
 from ncclscope.index.labels import fmt_ranks, rank_label
 
 CHECKED = ("param_checksum", "grad_norm_global")
@@ -99,8 +111,18 @@ def replica_sets(trace: Trace) -> pd.DataFrame:
 def analyze_divergence(trace: Trace, spike_factor: float = 5.0, window: int = 10) -> DivergenceResult:
     res = DivergenceResult()
     m = trace.metrics
-    if not len(m):
-        return res
+    if len(m):
+        _analyze_metrics(trace, m, res, spike_factor, window)
+    if not any(f.kind == "nan" for f in res.findings):
+        found = nan_from_markers(trace)   # a traced user job: no norms, only the tracer's markers
+        if found is not None:
+            res.nonfinite, nan = found
+            res.findings.append(nan)
+    return res
+
+
+def _analyze_metrics(trace: Trace, m: pd.DataFrame, res: DivergenceResult, spike_factor: float,
+                     window: int) -> None:
     cols = ["rank", "step", "time_ns", "loss", "grad_norm_local", "grad_norm_global", "param_checksum"]
     cols += [c for c in ("grad_norm_reduced",) if c in m.columns]
     m = m[cols].drop_duplicates(["rank", "step"], keep="last").sort_values(["rank", "step"]).reset_index(drop=True)
@@ -111,10 +133,33 @@ def analyze_divergence(trace: Trace, spike_factor: float = 5.0, window: int = 10
     _check_replicas(trace, m, res)
     _check_nonfinite(trace, m, res)
     _check_spikes(trace, m, res, spike_factor, window)
-    return res
 
 
 def _check_replicas(trace: Trace, m: pd.DataFrame, res: DivergenceResult) -> None:
+    """`grad_divergence`: the first step where a rank's checksum or global grad norm leaves its replicas'."""
+    frames = _replica_deviations(m)
+    world = world_norm_split(m)
+    if not frames:
+        if world is None:
+            return
+        frames.append(world_rows(m, *world))   # no replica set can compare (every set a single rank)
+    dev = pd.concat(frames, ignore_index=True)
+    step0 = int(dev["step"].min())
+    skip = skip_signature(trace, m, step0, sorted(int(r) for r in dev.loc[dev["step"] == step0, "rank"].unique()))
+    off_world = world[1] if world is not None and world[0] == step0 and world[2] else None
+    if world is not None and not world[2] and (dev["replica_set"] == -1).all():
+        dev, skip = _job_wide_tie(m, world[0], dev, skip)
+    dev, demoted = _resolve_ties(trace, m, dev, step0, skip, off_world)
+    dev = dev.reset_index(drop=True).sort_values(["step", "rank", "metric"]).reset_index(drop=True)
+    res.deviations = dev
+    res.first_divergent_step = int(dev["step"].min())
+    res.findings.append(_divergence_finding(trace, m, dev, skip, demoted))
+
+
+def _replica_deviations(m: pd.DataFrame) -> list[pd.DataFrame]:
+    """Per checked metric, the rows off their replica set's median at that step (REL_TOL), with the
+    reference they are off, whether the set is tied (every member off: two replicas, or an even split; the
+    reference is then the others' mean) and whether a global norm equals the rank's local one."""
     frames = []
     for metric in CHECKED:
         x = m[["rank", "step", "replica_set", "dp", metric, "grad_norm_local"]].rename(columns={metric: "value"})
@@ -132,68 +177,71 @@ def _check_replicas(trace: Trace, m: pd.DataFrame, res: DivergenceResult) -> Non
         bad["same_local"] = (metric == "grad_norm_global") & (
             (bad["value"] - bad["grad_norm_local"]).abs() <= REL_TOL * np.maximum(bad["value"].abs(), 1e-12))
         frames.append(bad.assign(metric=metric))
-    world = _world_norm_split(m)
-    if not frames:
-        if world is None:
-            return
-        frames.append(_world_rows(m, *world))   # no replica set can compare (every set a single rank)
-    dev = pd.concat(frames, ignore_index=True)
-    step0 = int(dev["step"].min())
-    skip = _skip_signature(trace, m, step0, sorted(int(r) for r in dev.loc[dev["step"] == step0, "rank"].unique()))
-    off_world = world[1] if world is not None and world[0] == step0 and world[2] else None
-    if world is not None and not world[2] and (dev["replica_set"] == -1).all():
-        # a job-wide tie of the global norm (no replica set compares): the side of the rank that kept its
-        # own gradient, wherever it is, is the one that moved
-        at = m[m["step"] == world[0]]
-        kept = _kept_own_gradient(m, world[0], sorted(int(r) for r in at["rank"].unique()))
-        g = at.loc[at["rank"] == kept, "grad_norm_global"]
-        if kept is not None and len(g) and np.isfinite(float(g.iloc[0])):
-            skip = kept
-            g0 = float(g.iloc[0])
-            side = set(int(r) for r in at.loc[(at["grad_norm_global"] - g0).abs()
-                                              <= REL_TOL * max(abs(g0), 1e-12), "rank"])
-            dev = _world_rows(m, world[0], side, True)
-    # Resolve ties once per replica set: the rank whose norms fit a skipped
-    # reduction (see _skip_signature) and its model-parallel partners, else the
-    # rank that kept its local gradient at the earliest tied step, else (a
-    # guess) the highest dp index.
+    return frames
+
+
+def _job_wide_tie(m: pd.DataFrame, step: int, dev: pd.DataFrame, skip: int | None) -> tuple[pd.DataFrame, int | None]:
+    """A job-wide tie of the global norm (no replica set compares): the side of the rank that kept its own
+    gradient, wherever it is, is the one that moved. (deviations, skip) with that side, else as given."""
+    at = m[m["step"] == step]
+    kept = kept_own_gradient(m, step, sorted(int(r) for r in at["rank"].unique()))
+    g = at.loc[at["rank"] == kept, "grad_norm_global"]
+    if kept is not None and len(g) and np.isfinite(float(g.iloc[0])):
+        g0 = float(g.iloc[0])
+        side = set(int(r) for r in at.loc[(at["grad_norm_global"] - g0).abs()
+                                          <= REL_TOL * max(abs(g0), 1e-12), "rank"])
+        return world_rows(m, step, side, True), kept
+    return dev, skip
+
+
+def _resolve_ties(trace: Trace, m: pd.DataFrame, dev: pd.DataFrame, step0: int, skip: int | None,
+                  off_world: set[int] | None) -> tuple[pd.DataFrame, set[int]]:
+    """Resolve ties once per replica set: the rank whose norms fit a skipped reduction (see skip_signature)
+    and its model-parallel partners, else the rank that kept its local gradient at the earliest tied step,
+    else the member off the job-wide global norm, else (a guess) the highest dp index. (deviations with a
+    `guess` column and one rank per tied set, ranks demoted to affected by decisive_set.)"""
     tied = dev[dev["tie"]]
     dev["guess"] = dev["guess_world"].fillna(False).astype(bool) if "guess_world" in dev else False
     demoted: set[int] = set()
     if len(tied):
-        n_same = tied.groupby(["replica_set", "step", "metric"])["same_local"].transform("sum")
-        sig = tied[tied["same_local"] & (n_same < tied["n"])].sort_values("step")
-        blame = sig.drop_duplicates("replica_set").set_index("replica_set")["rank"]
-        if skip is not None:
-            rep = _replica_of(trace)
-            mates = tied[[rep.get(int(r)) == rep.get(skip) for r in tied["rank"]]]
-            blame = mates.drop_duplicates("replica_set").set_index("replica_set")["rank"]
-        elif off_world:
-            # the global norm is one number for the whole job (it was at every earlier step): in a tied set,
-            # the one member off the job-wide majority of that number is the one that moved
-            t0 = tied[tied["step"] == step0]
-            t0 = t0.assign(off=t0["rank"].isin(off_world))
-            n_off = t0.drop_duplicates(["replica_set", "rank"]).groupby("replica_set")["off"].sum()
-            pick = t0[t0["off"] & t0["replica_set"].map(n_off).eq(1)]
-            if len(pick):
-                blame = pick.drop_duplicates("replica_set").set_index("replica_set")["rank"]
+        blame = _blame(trace, tied, step0, skip, off_world)
         top = tied.sort_values(["dp", "rank"]).drop_duplicates("replica_set", keep="last").set_index("replica_set")["rank"]
         chosen = blame.reindex(top.index).fillna(top).astype("int64")
         keep = ~dev["tie"] | (dev["rank"].to_numpy() == dev["replica_set"].map(chosen).to_numpy())
         dev.loc[dev["tie"], "guess"] = ~dev.loc[dev["tie"], "replica_set"].isin(blame.index)
         dev = dev[keep]
         if skip is None:
-            demoted = _decisive_set(m, tied, step0, chosen)
+            demoted = decisive_set(m, tied, step0, chosen)
             if demoted:
                 dev.loc[dev["rank"].isin(demoted), "guess"] = False
-    dev = dev[["rank", "step", "replica_set", "metric", "value", "reference", "guess"]]
-    frames = [dev]
-    if not frames:
-        return
-    dev = pd.concat(frames, ignore_index=True).sort_values(["step", "rank", "metric"]).reset_index(drop=True)
-    res.deviations = dev
+    return dev[["rank", "step", "replica_set", "metric", "value", "reference", "guess"]], demoted
+
+
+def _blame(trace: Trace, tied: pd.DataFrame, step0: int, skip: int | None, off_world: set[int] | None) -> pd.Series:
+    """replica set -> the rank the evidence blames, for the tied sets it decides."""
+    n_same = tied.groupby(["replica_set", "step", "metric"])["same_local"].transform("sum")
+    sig = tied[tied["same_local"] & (n_same < tied["n"])].sort_values("step")
+    blame = sig.drop_duplicates("replica_set").set_index("replica_set")["rank"]
+    if skip is not None:
+        rep = replica_of(trace)
+        mates = tied[[rep.get(int(r)) == rep.get(skip) for r in tied["rank"]]]
+        blame = mates.drop_duplicates("replica_set").set_index("replica_set")["rank"]
+    elif off_world:
+        # the global norm is one number for the whole job (it was at every earlier step): in a tied set,
+        # the one member off the job-wide majority of that number is the one that moved
+        t0 = tied[tied["step"] == step0]
+        t0 = t0.assign(off=t0["rank"].isin(off_world))
+        n_off = t0.drop_duplicates(["replica_set", "rank"]).groupby("replica_set")["off"].sum()
+        pick = t0[t0["off"] & t0["replica_set"].map(n_off).eq(1)]
+        if len(pick):
+            blame = pick.drop_duplicates("replica_set").set_index("replica_set")["rank"]
+    return blame
+
+
+def _divergence_finding(trace: Trace, m: pd.DataFrame, dev: pd.DataFrame, skip: int | None,
+                        demoted: set[int]) -> Finding:
+    """`grad_divergence` at the first divergent step: its causes, what they inherited, the evidence."""
     first = int(dev["step"].min())
-    res.first_divergent_step = first
     at = dev[dev["step"] == first]
     roots, affected, how = _causes(trace, dev, first, skip, demoted)
     ev = []
@@ -211,15 +259,15 @@ def _check_replicas(trace: Trace, m: pd.DataFrame, res: DivergenceResult) -> Non
              + (f"; still off at step {int(later['step'].max())}" if later["step"].max() > first else "") + ")"
              + (f"; {rank_label(trace, affected)} inherited it ({how})" if affected else "")
              + (" — two replicas disagree and nothing says which is wrong; the higher dp index is named" if guess else ""))
-    res.findings.append(Finding("grad_divergence", "error", title, roots, ev,
-                                {"step": first, "ranks": roots, "affected": affected,
-                                 "metrics": sorted(mine["metric"].unique()), "ambiguous": guess}))
+    return Finding("grad_divergence", "error", title, roots, ev,
+                   {"step": first, "ranks": roots, "affected": affected,
+                    "metrics": sorted(mine["metric"].unique()), "ambiguous": guess})
 
 
 def _causes(trace: Trace, dev: pd.DataFrame, first: int, skip: int | None = None,
             demoted: set[int] | None = None) -> tuple[list[int], list[int], str]:
     """(causes, affected, how) from the deviations: see the module docstring. `demoted` ranks are affected,
-    never causes (_decisive_set)."""
+    never causes (decisive_set)."""
     at = dev[dev["step"] == first]
     everyone = sorted(int(r) for r in dev["rank"].unique())
     if demoted:
@@ -239,7 +287,7 @@ def _causes(trace: Trace, dev: pd.DataFrame, first: int, skip: int | None = None
         return roots, [r for r in everyone if r not in roots], "later steps"
     own = own.assign(rel=(own["value"] - own["reference"]).abs()
                      / np.maximum(own["reference"].abs(), 1e-12))
-    replica = _replica_of(trace)
+    replica = replica_of(trace)
     own = own.assign(replica=[replica.get(int(r), (int(r),)) for r in own["rank"]])
     top = own.groupby("replica")["rel"].transform("max")
     roots = sorted(int(r) for r in own.loc[own["rel"] >= ROOT_SHARE * top, "rank"].unique())
@@ -279,7 +327,7 @@ def _check_nonfinite(trace: Trace, m: pd.DataFrame, res: DivergenceResult) -> No
     step = int(nf["step"].min())
     at = nf[nf["step"] == step]
     origin = at[at["metric"] == "grad_norm_local"]
-    markers = _nonfinite_markers(trace)
+    markers = nonfinite_markers(trace)
     mk = markers[markers["step"] == step] if len(markers) else markers
     if len(mk):
         ranks = sorted(int(r) for r in mk["rank"].unique())
@@ -302,14 +350,6 @@ def _check_nonfinite(trace: Trace, m: pd.DataFrame, res: DivergenceResult) -> No
     res.findings.append(Finding("nan", "error", where + (f"; it spread to {spread} ranks" if spread > len(ranks) else ""),
                                 ranks, ev, {"step": step, "microbatch": mb, "ranks": ranks,
                                             "origin_known": bool(len(mk) or len(origin))}))
-
-
-def _nonfinite_markers(trace: Trace) -> pd.DataFrame:
-    ev = trace.events
-    names = ev["op_name"].astype(str) if len(ev) else pd.Series(dtype=str)
-    mk = ev[(ev["kind"] == "marker") & names.isin(["nonfinite", "nan"])] if len(ev) else ev
-    return mk[["rank", "step", "microbatch", "op_name", "message", "t_ns"]] if len(mk) else pd.DataFrame(
-        columns=["rank", "step", "microbatch", "op_name", "message", "t_ns"])
 
 
 def _check_spikes(trace: Trace, m: pd.DataFrame, res: DivergenceResult, factor: float, window: int) -> None:

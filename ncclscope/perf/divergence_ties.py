@@ -2,11 +2,11 @@
 
 Two replicas have no majority, and tensor or pipeline partners mix into the
 global norm, so "who diverged" needs evidence beyond a vote: the rank whose
-gradient after the reduction is its own (`_kept_own_gradient`), the norms that
-fit one rank keeping its own gradient (`_skip_signature`), the job-wide split
-of the global norm when no replica set can compare (`_world_norm_split`,
-`_world_rows`), and the tied set whose checksums moved apart decisively
-(`_decisive_set`). `divergence.py` asks these in that order.
+gradient after the reduction is its own (`kept_own_gradient`), the norms that
+fit one rank keeping its own gradient (`skip_signature`), the job-wide split
+of the global norm when no replica set can compare (`world_norm_split`,
+`world_rows`), and the tied set whose checksums moved apart decisively
+(`decisive_set`). `divergence.py` asks these in that order.
 """
 from __future__ import annotations
 
@@ -18,13 +18,13 @@ from ncclscope.load.trace import Trace
 REL_TOL = 1e-6
 DECISIVE = 5.0      # a position's checksum spread over every other's, to break a tie of the norms
 
-def _replica_of(trace: Trace) -> dict[int, tuple]:
+def replica_of(trace: Trace) -> dict[int, tuple]:
     """rank -> its model replica: every coordinate but tp and pp (the ranks that share one global grad norm)."""
     return {r: tuple(v for k, v in sorted(info.coords.items()) if k not in ("tp", "pp"))
             for r, info in trace.ranks.items()}
 
 
-def _kept_own_gradient(m: pd.DataFrame, step: int, candidates: list[int]) -> int | None:
+def kept_own_gradient(m: pd.DataFrame, step: int, candidates: list[int]) -> int | None:
     """The one candidate whose gradient after the data-parallel reduction is its own gradient before it
     (`grad_norm_reduced` == `grad_norm_local`, to the last bits) while some rank's is not: it kept its own
     gradient. Direct where the replica norms cannot say it: tensor and pipeline partners mix into the
@@ -42,7 +42,7 @@ def _kept_own_gradient(m: pd.DataFrame, step: int, candidates: list[int]) -> int
     return kept[0] if len(kept) == 1 else None
 
 
-def _skip_signature(trace: Trace, m: pd.DataFrame, step: int, candidates: list[int]) -> int | None:
+def skip_signature(trace: Trace, m: pd.DataFrame, step: int, candidates: list[int]) -> int | None:
     """The one candidate whose norms fit "this rank kept its local gradient" at `step`, or None.
 
     Per model replica d and position s (tp, pp), l[s, d] is the local grad norm
@@ -58,7 +58,7 @@ def _skip_signature(trace: Trace, m: pd.DataFrame, step: int, candidates: list[i
     position whose parameter checksums moved apart most, by DECISIVE (5x) over
     every other position, is kept (its partners moved only through the clip
     coefficient)."""
-    kept = _kept_own_gradient(m, step, candidates)
+    kept = kept_own_gradient(m, step, candidates)
     if kept is not None:
         return kept
     ranks = trace.ranks
@@ -70,7 +70,7 @@ def _skip_signature(trace: Trace, m: pd.DataFrame, step: int, candidates: list[i
     x = x[np.isfinite(x["grad_norm_local"]) & np.isfinite(x["grad_norm_global"])]
     if not len(x):
         return None
-    rep = {r: str(v) for r, v in _replica_of(trace).items()}     # string keys: plain index labels
+    rep = {r: str(v) for r, v in replica_of(trace).items()}     # string keys: plain index labels
     pos = {r: f"tp{info.coords.get('tp', 0)}/pp{info.coords.get('pp', 0)}" for r, info in ranks.items()}
     x = x.assign(rep=[rep.get(int(r)) for r in x["rank"]], pos=[pos.get(int(r)) for r in x["rank"]])
     reps = sorted(x["rep"].unique())
@@ -111,7 +111,7 @@ def _skip_signature(trace: Trace, m: pd.DataFrame, step: int, candidates: list[i
     return fits[0] if len(fits) == 1 else None
 
 
-def _world_norm_split(m: pd.DataFrame) -> tuple[int, set[int], bool] | None:
+def world_norm_split(m: pd.DataFrame) -> tuple[int, set[int], bool] | None:
     """(step, ranks off, decided) for the first step at which the ranks disagree on the global grad norm,
     when it was one number for the whole job at every earlier step (at least one): then it is one number
     by construction (it spans every parallel dimension), and its job-wide majority says which ranks moved.
@@ -137,7 +137,7 @@ def _world_norm_split(m: pd.DataFrame) -> tuple[int, set[int], bool] | None:
     return step, {int(r) for r, k in zip(at["rank"], key) if k != ref}, bool(decided)
 
 
-def _world_rows(m: pd.DataFrame, step: int, off: set[int], decided: bool) -> pd.DataFrame:
+def world_rows(m: pd.DataFrame, step: int, off: set[int], decided: bool) -> pd.DataFrame:
     """Deviation rows of the global norm against the job-wide vote, for traces whose replica sets cannot
     compare (each a single rank: experts carved out of dp hold different parameters on every dp rank)."""
     at = m[(m["step"] == step) & m["rank"].isin(off)]
@@ -148,7 +148,7 @@ def _world_rows(m: pd.DataFrame, step: int, off: set[int], decided: bool) -> pd.
                          "same_local": False, "metric": "grad_norm_global", "guess_world": not decided})
 
 
-def _decisive_set(m: pd.DataFrame, tied: pd.DataFrame, step: int, chosen: pd.Series) -> set[int]:
+def decisive_set(m: pd.DataFrame, tied: pd.DataFrame, step: int, chosen: pd.Series) -> set[int]:
     """Ranks chosen in tied replica sets other than the one whose parameter checksums moved apart most, by
     DECISIVE over every other tied set at `step`: they moved with it (through the global norm, the tokens
     they exchange), their own parameters did not diverge. Empty when no set stands out that far."""

@@ -78,8 +78,8 @@ class MemoryResult:
 
 def analyze_memory(trace: Trace) -> MemoryResult:
     res = MemoryResult()
-    cfg = trace.run.get("config") if isinstance(trace.run.get("config"), dict) else {}
-    phi = int(trace.run.get("n_params") or cfg.get("n_params") or gpt_params(cfg))
+    cfg = trace.run.config
+    phi = int(trace.run.n_params or cfg.get("n_params") or gpt_params(cfg))
     res.n_params = phi
     if phi:
         res.estimate = model_state_bytes(phi, str(cfg.get("dtype", "float32")), int(cfg.get("tp", 1) or 1),

@@ -4,22 +4,22 @@ communication, divergence, utilization, MoE/CP, memory.
     from ncclscope.load.trace import load
     from ncclscope.perf.performance import analyze_performance
     perf = analyze_performance(load("runs/a"))
-    print(perf.verdict); [print(f.title) for f in perf.findings]
+    [print(f.title) for f in perf.findings]
 
 Findings at `info` severity are measurements inside the run's own noise
 (see each module's significance rule); they are listed but never make the
-verdict or the exit code.
+verdict or the exit code. The verdict line is made once, by
+`ncclscope.verdict.compose`, from these findings and the hang diagnosis.
 
 Why one entry: the report, the TUI and the CLI must show the same numbers,
 so they all call this and only present what it returns. Each analysis runs
-on its own; if one fails on a strange trace, its error is recorded in
-`errors` and the others still run (a report with one section missing beats
-no report). Timings per analysis are kept for the benchmark.
+through the analyses' one error guard (`ncclscope.verdict.guard`): if one
+fails on a strange trace, its error is one line in `errors` and the others
+still run (a report with one section missing beats no report). Timings per
+analysis are kept for the benchmark.
 """
 from __future__ import annotations
 
-import time
-import traceback
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -34,9 +34,7 @@ from ncclscope.perf.moe import MoEResult, analyze_moe
 from ncclscope.perf.pipeline_straggler import analyze_pipeline_stragglers
 from ncclscope.perf.stragglers import StragglerResult, analyze_stragglers
 from ncclscope.perf.utilization import UtilResult, analyze_utilization
-
-PERF_KINDS = ("pipeline_bubble", "stage_imbalance", "straggler", "slow_collective", "grad_divergence", "nan",
-              "grad_spike", "expert_imbalance")
+from ncclscope.verdict.guard import Guard
 
 
 @dataclass
@@ -54,25 +52,10 @@ class PerfResult:
     errors: list[str] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
-    @property
-    def verdict(self) -> str:
-        """One line for the top of the report."""
-        serious = [f for f in self.findings if f.severity in ("warning", "error")]
-        if not serious:
-            notes = len(self.findings)
-            return "No performance problem found" + (f" ({len(self.errors)} analyses failed)" if self.errors else "") \
-                + (f" ({notes} note{'s' if notes != 1 else ''} within this run's noise, at info)" if notes else "")
-        kinds: dict[str, int] = {}
-        for f in serious:
-            kinds[f.kind] = kinds.get(f.kind, 0) + 1
-        head = serious[0].title
-        return f"{len(serious)} performance finding(s) ({', '.join(kinds)}); first: {head}"
-
     def summary(self) -> dict[str, Any]:
         """Headline numbers for JSON output."""
         b = self.bubbles
         return {
-            "verdict": self.verdict,
             "bubble": {"schedule": b.schedule, "p": b.p, "m": b.m, "v": b.v, "theory": b.theory,
                        "measured": b.measured} if b.p > 1 else None,
             "first_divergent_step": self.divergence.first_divergent_step,
@@ -84,20 +67,11 @@ class PerfResult:
 def analyze_performance(trace: Trace, only: tuple[str, ...] | None = None) -> PerfResult:
     """Run every performance analysis (or those named in `only`)."""
     res = PerfResult()
+    guard = Guard(errors=res.errors, timings=res.timings, after=lambda: release_heap(trace))
 
     def run(name: str, fn: Callable[[], Any]) -> Any:
-        if only is not None and name not in only:
-            return None
-        t0 = time.perf_counter()
-        try:
-            return fn()
-        except Exception as exc:  # one analysis must not take the report down
-            res.errors.append(f"{name}: {type(exc).__name__}: {exc}")
-            res.errors.append(traceback.format_exc(limit=3))
-            return None
-        finally:
-            release_heap(trace)          # the next analysis starts from the tables, not this one's copies
-            res.timings[name] = res.timings.get(name, 0.0) + time.perf_counter() - t0
+        # the next analysis starts from the tables, not this one's copies (release_heap after each)
+        return guard(name, fn) if only is None or name in only else None
 
     res.bubbles = run("bubbles", lambda: analyze_bubbles(trace)) or BubbleResult()
     res.stragglers = run("stragglers", lambda: analyze_stragglers(trace)) or StragglerResult()

@@ -6,7 +6,6 @@ effect size and its z, and the sentences that report them. Pure functions of the
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -31,6 +30,7 @@ STRONG_RATIO = 1.5
 # carries a compute effect the loaded host's spread blurs (z >= WEAK_Z, still >= STRONG_RATIO).
 ALPHA_RARE = ALPHA / 10
 WEAK_Z = 2.0
+ARRIVAL = "arrival"      # `effect_from` of an effect measured from arrival lateness (straggler_arrival.py)
 
 
 def binom_tail(k: int, n: int, p: float) -> float:
@@ -69,84 +69,126 @@ def spread_sigma(x: np.ndarray) -> float:
     return float(max(MAD_SIGMA * np.median(dev), 1.2533 * dev.mean()))
 
 
-def _significance(trace: Any, r: int, led: pd.DataFrame, cstep: pd.DataFrame, counted: np.ndarray) -> dict:
-    """The tests of the module docstring for rank r: binomial on last arrivals, step consistency, effect size."""
+def significance(r: int, led: pd.DataFrame, cstep: pd.DataFrame, counted: np.ndarray,
+                 effect: dict | None = None) -> dict:
+    """The tests of the module docstring for rank r: binomial on last arrivals, step consistency, effect size.
+
+    `led`: per (rank, step) the last arrivals (stragglers._last_by_step); `cstep`: per (rank, step) compute
+    with the peer key; `counted`: the steps the effect size is measured over. `effect`, when given, is the
+    effect size measured otherwise (straggler_arrival.arrival_effect, without compute spans)."""
     out: dict = {"p_last": float("nan"), "p_best": float("nan"), "steps_led": 0, "steps_seen": 0, "effect_ratio": float("nan"),
                  "noise": float("nan"), "z": float("nan"), "noise_from": "", "significant": False}
     mine = led[led["rank"] == r] if len(led) else led
     if len(mine):
-        # a step is led when the rank was last where most of the step's waiting was (skew-weighted: a
-        # collective posted right after another, with no compute between, is a coin flip that says nothing);
-        # by count when nothing has a skew
-        timed = mine["w"] > 0
-        led = np.where(timed, mine["wk"] * 2 > mine["w"], mine["k"] * 2 > mine["n"])
-        out["steps_led"] = int(led.sum())
-        out["steps_seen"] = int(len(mine))
-        w = float(mine["w"].sum())
-        p0 = float(mine["wp0_sum"].sum()) / w if w > 0 else float(mine["p0_sum"].sum()) / max(1, int(mine["n"].sum()))
-        out["p_last"] = binom_tail(out["steps_led"], out["steps_seen"], p0)
-        out["p_best"] = p0 ** out["steps_seen"]
-    if len(cstep):
-        peer = cstep.loc[cstep["rank"] == r, "peer"]
-        if len(peer):
-            grp = cstep[(cstep["peer"] == int(peer.iloc[0])) & cstep["step"].isin(counted)]
-            piv = grp.pivot_table(index="step", columns="rank", values="compute_ns", aggfunc="sum")
-            if r in piv.columns:
-                piv = piv[piv[r].notna() & (piv[r] > 0)]
-                healthy = [q for q in piv.columns if q != r]
-                piv = piv[piv[healthy].notna().all(axis=1)] if healthy else piv
-                if healthy and len(piv) and (piv[healthy] > 0).all().all():
-                    # per step, log compute against the healthy peers' median of that step; a rank's effect is
-                    # its median over the steps (one descheduled step of seconds does not move it)
-                    logs = np.log(piv.astype("float64"))
-                    tot = np.log(piv.sum(axis=0))
-                    if len(healthy) >= 2:
-                        # two estimates of the same effect, each blind in its own case; the larger z counts:
-                        # totals over the steps (a few noisy steps average out) and the median over steps of
-                        # the per-step log ratio (one step in which a peer was descheduled for seconds does
-                        # not move it); each healthy peer is measured the same way against the others
-                        def per_step(q: int, ref: list[int]) -> pd.Series:
-                            return logs[q] - logs[ref].median(axis=1)
-                        others = {q: per_step(q, [h for h in healthy if h != q]) for q in healthy}
-                        # the median of n per-step ratios is only as steady as one step's ratio allows: its
-                        # standard error from the healthy peers' per-step ratios pooled (a spread of three
-                        # peers' medians alone says little about how a median of three steps can swing)
-                        pooled = np.concatenate([v.to_numpy(dtype=np.float64) for v in others.values()])
-                        se_median = MEDIAN_SE * spread_sigma(pooled) / math.sqrt(len(piv))
-                        fits = []
-                        for eff, peers, floor in (
-                                (float(tot[r] - np.median(tot[healthy])), tot[healthy].to_numpy(dtype=np.float64),
-                                 0.0),
-                                (float(per_step(r, healthy).median()),
-                                 np.asarray([float(v.median()) for v in others.values()]), se_median)):
-                            sigma = max(spread_sigma(peers), floor)
-                            fits.append((eff / max(sigma, NOISE_FLOOR), eff, sigma))
-                        z, effect, out["noise"] = max(fits)
-                        out["noise_from"] = f"spread between {len(healthy)} healthy peers"
-                    else:
-                        effect = float(tot[r] - tot[healthy[0]])
-                        if len(piv) >= 3:
-                            lr = (logs[r] - logs[healthy[0]]).to_numpy(dtype=np.float64)
-                            out["noise"] = 1.2533 * robust_sigma(lr) / math.sqrt(len(lr))
-                            out["noise_from"] = f"step-to-step spread over {len(lr)} steps"
-                        # One peer cannot show how far two healthy ranks of this run drift apart; the ranks
-                        # of the other pipeline positions can (each against its own position's others)
-                        other = _other_positions_spread(cstep, int(peer.iloc[0]), counted, list(piv.index))
-                        if np.isfinite(other):
-                            noise = MEDIAN_SE * other / math.sqrt(len(piv))
-                            if not np.isfinite(out["noise"]) or noise > out["noise"]:
-                                out["noise"] = noise
-                                out["noise_from"] = "spread between the healthy ranks of the other pipeline positions"
-                        z = effect / max(out["noise"], NOISE_FLOOR) if np.isfinite(out["noise"]) else float("nan")
-                    out["effect_ratio"] = float(math.exp(effect))
-                    out["z"] = z
+        out.update(_last_arrival_test(mine))
+    if effect is not None:
+        out.update(effect)
+    elif len(cstep):
+        out.update(_effect_size(r, cstep, counted))
+    out["power_limited"], out["significant"] = _decide(out)
+    return out
+
+
+def _last_arrival_test(mine: pd.DataFrame) -> dict:
+    """steps_led, steps_seen, p_last (binomial tail) and p_best (the rarest outcome) from one rank's rows of
+    the last-arrival table."""
+    # a step is led when the rank was last where most of the step's waiting was (skew-weighted: a
+    # collective posted right after another, with no compute between, is a coin flip that says nothing);
+    # by count when nothing has a skew
+    timed = mine["w"] > 0
+    led = np.where(timed, mine["wk"] * 2 > mine["w"], mine["k"] * 2 > mine["n"])
+    steps_led, steps_seen = int(led.sum()), int(len(mine))
+    w = float(mine["w"].sum())
+    p0 = float(mine["wp0_sum"].sum()) / w if w > 0 else float(mine["p0_sum"].sum()) / max(1, int(mine["n"].sum()))
+    return {"steps_led": steps_led, "steps_seen": steps_seen, "p_last": binom_tail(steps_led, steps_seen, p0),
+            "p_best": p0 ** steps_seen}
+
+
+def _effect_size(r: int, cstep: pd.DataFrame, counted: np.ndarray) -> dict:
+    """effect_ratio, z, noise and noise_from of rank r's compute against its healthy peers' (same pipeline
+    position) over the counted steps; {} when it has no healthy peer to compare with."""
+    peer = cstep.loc[cstep["rank"] == r, "peer"]
+    if not len(peer):
+        return {}
+    grp = cstep[(cstep["peer"] == int(peer.iloc[0])) & cstep["step"].isin(counted)]
+    piv = grp.pivot_table(index="step", columns="rank", values="compute_ns", aggfunc="sum")
+    if r not in piv.columns:
+        return {}
+    piv = piv[piv[r].notna() & (piv[r] > 0)]
+    healthy = [q for q in piv.columns if q != r]
+    piv = piv[piv[healthy].notna().all(axis=1)] if healthy else piv
+    if not (healthy and len(piv) and (piv[healthy] > 0).all().all()):
+        return {}
+    # per step, log compute against the healthy peers' median of that step; a rank's effect is its median
+    # over the steps (one descheduled step of seconds does not move it)
+    logs = np.log(piv.astype("float64"))
+    tot = np.log(piv.sum(axis=0))
+    if len(healthy) >= 2:
+        z, effect, noise, noise_from = _against_peers(r, healthy, logs, tot, len(piv))
+    else:
+        z, effect, noise, noise_from = _against_one_peer(r, healthy[0], logs, tot, cstep, int(peer.iloc[0]),
+                                                         counted, list(piv.index))
+    return {"effect_ratio": float(math.exp(effect)), "z": z, "noise": noise, "noise_from": noise_from}
+
+
+def _against_peers(r: int, healthy: list, logs: pd.DataFrame, tot: pd.Series, n_steps: int
+                   ) -> tuple[float, float, float, str]:
+    """(z, effect, noise, noise_from) against two or more healthy peers.
+
+    Two estimates of the same effect, each blind in its own case; the larger z counts: totals over the
+    steps (a few noisy steps average out) and the median over steps of the per-step log ratio (one step in
+    which a peer was descheduled for seconds does not move it); each healthy peer is measured the same way
+    against the others."""
+    def per_step(q: int, ref: list[int]) -> pd.Series:
+        return logs[q] - logs[ref].median(axis=1)
+    others = {q: per_step(q, [h for h in healthy if h != q]) for q in healthy}
+    # the median of n per-step ratios is only as steady as one step's ratio allows: its standard error
+    # from the healthy peers' per-step ratios pooled (a spread of three peers' medians alone says little
+    # about how a median of three steps can swing)
+    pooled = np.concatenate([v.to_numpy(dtype=np.float64) for v in others.values()])
+    se_median = MEDIAN_SE * spread_sigma(pooled) / math.sqrt(n_steps)
+    fits = []
+    for eff, peers, floor in (
+            (float(tot[r] - np.median(tot[healthy])), tot[healthy].to_numpy(dtype=np.float64), 0.0),
+            (float(per_step(r, healthy).median()), np.asarray([float(v.median()) for v in others.values()]),
+             se_median)):
+        sigma = max(spread_sigma(peers), floor)
+        fits.append((eff / max(sigma, NOISE_FLOOR), eff, sigma))
+    z, effect, noise = max(fits)
+    return z, effect, noise, f"spread between {len(healthy)} healthy peers"
+
+
+def _against_one_peer(r: int, peer: int, logs: pd.DataFrame, tot: pd.Series, cstep: pd.DataFrame, own: int,
+                      counted: np.ndarray, steps: list) -> tuple[float, float, float, str]:
+    """(z, effect, noise, noise_from) against a single healthy peer: the larger of the step-to-step spread
+    of the log ratio and the spread between the healthy ranks of the other pipeline positions (one peer
+    cannot show how far two healthy ranks of this run drift apart; the other positions' ranks can, each
+    against its own position's others). noise_from is '' when neither can be measured."""
+    effect = float(tot[r] - tot[peer])
+    noise, noise_from = float("nan"), ""
+    if len(steps) >= 3:
+        lr = (logs[r] - logs[peer]).to_numpy(dtype=np.float64)
+        noise = 1.2533 * robust_sigma(lr) / math.sqrt(len(lr))
+        noise_from = f"step-to-step spread over {len(lr)} steps"
+    other = _other_positions_spread(cstep, own, counted, steps)
+    if np.isfinite(other):
+        across = MEDIAN_SE * other / math.sqrt(len(steps))
+        if not np.isfinite(noise) or across > noise:
+            noise, noise_from = across, "spread between the healthy ranks of the other pipeline positions"
+    z = effect / max(noise, NOISE_FLOOR) if np.isfinite(noise) else float("nan")
+    return z, effect, noise, noise_from
+
+
+def _decide(out: dict) -> tuple[bool, bool]:
+    """(power_limited, significant) from the test results in `out` (see the module docstring of
+    stragglers.py and the constants above)."""
     effect_ok = np.isfinite(out["z"]) and out["z"] >= MIN_Z and out["effect_ratio"] >= MIN_RATIO
     last_ok = (np.isfinite(out["p_last"]) and out["p_last"] <= ALPHA
                and out["steps_seen"] > 0 and out["steps_led"] >= MIN_STEP_FRAC * out["steps_seen"])
     # Power: with two-member groups no outcome of n steps is rarer than 2^-n, so 6 steps can never reach
     # ALPHA. Where even the most extreme outcome cannot, it must be that outcome (last in every step, at
     # least MIN_STEPS_ALL of them) and the compute effect must stand out twice as far from the noise.
-    out["power_limited"] = bool(np.isfinite(out["p_best"]) and out["p_best"] > ALPHA)
+    power_limited = bool(np.isfinite(out["p_best"]) and out["p_best"] > ALPHA)
     strong = (effect_ok and out["z"] >= STRONG_Z and out["effect_ratio"] >= STRONG_RATIO
               and np.isfinite(out["p_last"]) and out["p_last"] <= ALPHA_STRONG
               and out["steps_led"] >= MIN_STEP_FRAC * out["steps_seen"] > 0)
@@ -156,11 +198,10 @@ def _significance(trace: Any, r: int, led: pd.DataFrame, cstep: pd.DataFrame, co
         effect_ok = True
     if strong and not last_ok:
         last_ok = True
-    elif out["power_limited"] and not last_ok:
+    elif power_limited and not last_ok:
         last_ok = out["steps_seen"] >= MIN_STEPS_ALL and out["steps_led"] == out["steps_seen"]
         effect_ok = effect_ok and out["z"] >= POWER_Z
-    out["significant"] = bool(last_ok and effect_ok)
-    return out
+    return power_limited, bool(last_ok and effect_ok)
 
 
 def _other_positions_spread(cstep: pd.DataFrame, own: int, counted: np.ndarray, steps: list) -> float:
@@ -180,17 +221,20 @@ def _other_positions_spread(cstep: pd.DataFrame, own: int, counted: np.ndarray, 
     return spread_sigma(np.concatenate(vals)) if vals else float("nan")
 
 
-def _test_text(st: dict) -> str:
+def stats_text(st: dict) -> str:
     parts = []
     if np.isfinite(st["p_last"]):
         parts.append(f"last in {st['steps_led']} of {st['steps_seen']} steps, binomial p={st['p_last']:.2g}")
-    if np.isfinite(st["z"]):
+    if np.isfinite(st["z"]) and st.get("effect_from") == ARRIVAL:
+        parts.append(f"late by a median {st['late_ms']:.1f} ms a step ({st['effect_ratio'] - 1:.0%} of a step), "
+                     f"z={st['z']:.1f} against its peers' lateness noise ({st['noise']:.0%} of a step)")
+    elif np.isfinite(st["z"]):
         parts.append(f"compute {st['effect_ratio']:.2f}x its healthy peers, z={st['z']:.1f} against their "
                      f"noise {max(st['noise'], NOISE_FLOOR):.0%}")
     return "; ".join(parts) or "no arrival or compute statistics"
 
 
-def _failed_text(st: dict) -> str:
+def shortfall_text(st: dict) -> str:
     need = []
     if not (np.isfinite(st["p_last"]) and st["p_last"] <= ALPHA):
         need.append(f"p<={ALPHA:g}")
@@ -199,5 +243,6 @@ def _failed_text(st: dict) -> str:
     if not (np.isfinite(st["z"]) and st["z"] >= MIN_Z):
         need.append(f"z>={MIN_Z:g}")
     if not (np.isfinite(st["effect_ratio"]) and st["effect_ratio"] >= MIN_RATIO):
-        need.append(f"compute >={MIN_RATIO:g}x")
+        need.append(f"lateness >={MIN_RATIO - 1:.0%} of a step" if st.get("effect_from") == ARRIVAL
+                    else f"compute >={MIN_RATIO:g}x")
     return "a straggler needs " + ", ".join(need)

@@ -67,6 +67,12 @@ slow rank last). A candidate that passes the floors but not the
 tests is reported at `info` severity with its numbers (it does not change
 the exit code); `ranks` holds p_last, steps_led, effect_ratio, noise, z. The tests
 themselves are `straggler_stats.py`.
+
+Without compute spans (a user's script under `ncclscope run`: collectives
+only, on gloo with inferred ends) the effect size and the what-if saving come
+from the arrival skew itself, per step (per instance when no step is marked):
+`straggler_arrival.py` states that rule; the last-arrival test and the floors
+are the ones above.
 """
 from __future__ import annotations
 
@@ -79,9 +85,8 @@ from ncclscope.findings import Evidence, Finding
 from ncclscope.load.trace import Trace
 from ncclscope.index.views import index_of, release_heap
 from ncclscope.index.labels import rank_label
-from ncclscope.perf.straggler_stats import (  # noqa: F401 - the tests' and callers' names
-    ALPHA, MAD_SIGMA, MEDIAN_SE, MIN_RATIO, MIN_STEP_FRAC, MIN_STEPS_ALL, MIN_Z, NOISE_FLOOR, POWER_Z,
-    _failed_text, _other_positions_spread, _significance, _test_text, binom_tail, robust_sigma, spread_sigma)
+from ncclscope.perf.straggler_arrival import arrival_effect, arrival_lateness, cadence_step_times, pseudo_steps
+from ncclscope.perf.straggler_stats import ARRIVAL, shortfall_text, significance, stats_text
 
 MS = 1e6
 MIN_SAVING_FRAC = 0.05   # what-if saving floor, fraction of run time
@@ -182,8 +187,52 @@ def _peer_key(trace: Trace, ranks: np.ndarray) -> np.ndarray:
 
 
 def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, min_last_frac: float = 0.5) -> StragglerResult:
+    """The tables and `straggler` findings of the module docstring."""
     res = StragglerResult()
     coll, inst = collective_instances(trace, ("rank", "step"))   # the member columns read here
+    cstep = _compute_per_step(trace)
+    if not len(inst) and not len(cstep):
+        return res
+    # no compute spans (a user's script under `ncclscope run`): the effect size is the arrival skew itself
+    by_arrival, steps_marked = not len(cstep), bool(len(inst) and (inst["step"] >= 0).any())
+    if by_arrival and not steps_marked:
+        coll, inst = pseudo_steps(coll, inst)
+    res.instances = inst
+    done = inst[inst["complete"]] if len(inst) else inst
+    rs, n_last, n_in = _rank_step(coll, inst, done, cstep)
+    lateness = arrival_lateness(coll, inst) if by_arrival else None
+    if lateness is not None:
+        rs = rs.merge(lateness, on=["rank", "step"], how="left")
+        rs["saving_ns"] = rs["arrival_caused_ns"].fillna(0.0)
+    res.rank_step = rs.sort_values(["rank", "step"]).reset_index(drop=True)
+    step_time = step_times(trace)
+    if by_arrival and not (steps_marked and len(trace.metrics) and trace.metrics["step_time_s"].notna().any()):
+        step_time = cadence_step_times(inst)     # the span of a step's ops is only its collectives' here
+    res.ranks = _per_rank(rs, n_last, n_in, step_time)
+    n_steps = max(1, len(step_time))
+    counted = _counted_steps(rs["step"].dropna().unique())
+    release_heap(trace)     # the member-row temporaries above, before _last_by_step makes its own
+    led = _last_by_step(coll, inst) if len(coll) and len(done) else pd.DataFrame()
+    cand = _candidates(res.ranks, min_saving_frac, min_last_frac, n_steps)
+    step_ns = float(step_time[step_time.index.isin(counted)].median()) if len(step_time) else float("nan")
+    stats = {int(row["rank"]): significance(
+        int(row["rank"]), led, cstep, counted,
+        None if lateness is None else arrival_effect(int(row["rank"]), lateness, counted, step_ns))
+        for _, row in cand.iterrows()}
+    for col in ("p_last", "steps_led", "steps_seen", "effect_ratio", "noise", "z"):
+        res.ranks[col] = res.ranks["rank"].map({r: st[col] for r, st in stats.items()}).astype("float64")
+    sig = {r for r, st in stats.items() if st["significant"]}
+    res.ranks["significant"] = res.ranks["rank"].isin(sig)
+    for _, row in cand.iterrows():
+        found = _straggler_finding(trace, row, stats[int(row["rank"])], done, n_steps)
+        if found is not None:
+            res.findings.append(found)
+    return res
+
+
+def _compute_per_step(trace: Trace) -> pd.DataFrame:
+    """Per (rank, step): compute time and, against the peers at its pipeline position, their median
+    (the others' median: with two peers, simply the other one), the ratio and the excess over it."""
     ops = trace.ops
     cm = ((ops["kind"] == "compute") & (ops["end_ns"] >= 0) & (ops["step"] >= 0)).to_numpy()
     comp = ops.loc[cm, ["rank", "step", "duration_ns"]]
@@ -192,15 +241,17 @@ def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, m
         cstep["peer"] = _peer_key(trace, cstep["rank"].to_numpy())
         g = cstep.groupby(["peer", "step"])["compute_ns"]
         n, total = g.transform("size"), g.transform("sum")
-        # the others' median: with two peers that is simply the other one
         cstep["peer_median_ns"] = np.where(n == 2, total - cstep["compute_ns"],
                                            np.where(n >= 3, g.transform("median"), np.nan))
         cstep["compute_ratio"] = cstep["compute_ns"] / cstep["peer_median_ns"].where(cstep["peer_median_ns"] > 0)
         cstep["excess_ns"] = (cstep["compute_ns"] - cstep["peer_median_ns"]).clip(lower=0)
-    res.instances = inst
-    if not len(inst) and not len(cstep):
-        return res
-    done = inst[inst["complete"]] if len(inst) else inst
+    return cstep
+
+
+def _rank_step(coll: pd.DataFrame, inst: pd.DataFrame, done: pd.DataFrame, cstep: pd.DataFrame
+               ) -> tuple[pd.DataFrame, pd.Series, pd.Series]:
+    """(per (rank, step): lateness, skew caused as last arriver, compute and its peers' median, what-if
+    saving; per rank: times last; per rank: complete training collectives it was in)."""
     empty = pd.DataFrame({"rank": pd.Series(dtype="int64"), "step": pd.Series(dtype="int64")})
     late_df, caused_df = empty.assign(late_ns=0.0), empty.assign(caused_ns=0.0)
     n_last = n_in = pd.Series(dtype="int64")
@@ -223,9 +274,12 @@ def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, m
     rs = rs.merge(base, on=["rank", "step"], how="outer")
     rs[["late_ns", "caused_ns"]] = rs[["late_ns", "caused_ns"]].fillna(0)
     rs["saving_ns"] = np.minimum(rs["caused_ns"], rs["excess_ns"].fillna(0))
-    res.rank_step = rs.sort_values(["rank", "step"]).reset_index(drop=True)
+    return rs, n_last, n_in
 
-    step_time = _step_times(trace)
+
+def _per_rank(rs: pd.DataFrame, n_last: pd.Series, n_in: pd.Series, step_time: pd.Series) -> pd.DataFrame:
+    """Per rank: steps, lateness, skew caused, saving (and its share of the run time), median compute
+    ratio, times last, collectives, last_frac; sorted by saving."""
     per = rs.groupby("rank").agg(steps=("step", "nunique"), late_ns=("late_ns", "sum"), caused_ns=("caused_ns", "sum"),
                                  saving_ns=("saving_ns", "sum"), compute_ratio=("compute_ratio", "median"))
     per["times_last"] = n_last.reindex(per.index).fillna(0).astype("int64")
@@ -233,58 +287,56 @@ def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, m
     per["last_frac"] = per["times_last"] / per["collectives"].where(per["collectives"] > 0)
     total_step = float(step_time.sum()) if len(step_time) else float(rs.groupby("step")["compute_ns"].max().sum())
     per["saving_frac"] = per["saving_ns"] / total_step if total_step > 0 else np.nan
-    res.ranks = per.reset_index().sort_values("saving_ns", ascending=False).reset_index(drop=True)
+    return per.reset_index().sort_values("saving_ns", ascending=False).reset_index(drop=True)
 
-    n_steps = max(1, len(step_time))
-    counted = _counted_steps(rs["step"].dropna().unique())
-    release_heap(trace)     # the member-row temporaries above, before _last_by_step makes its own
-    led = _last_by_step(coll, inst) if len(coll) and len(done) else pd.DataFrame()
-    # A candidate was last at most of its collectives, or caused most of the run's waiting: arrival counts
-    # weigh every collective alike, and where a step has several (ZeRO-2: reduce-scatter after the compute,
-    # then a norm all-reduce and the parameter all-gather) only the one after the compute shows the slow rank.
-    caused = res.ranks["caused_ns"]
+
+def _candidates(ranks: pd.DataFrame, min_saving_frac: float, min_last_frac: float, n_steps: int) -> pd.DataFrame:
+    """The ranks the significance tests decide on (at most 8): past the saving floors, and last at most of
+    their collectives or the cause of most of the run's waiting. Arrival counts weigh every collective
+    alike, and where a step has several (ZeRO-2: reduce-scatter after the compute, then a norm all-reduce
+    and the parameter all-gather) only the one after the compute shows the slow rank."""
+    caused = ranks["caused_ns"]
     share = caused / float(caused.sum()) if float(caused.sum()) > 0 else caused * 0.0
-    cand = res.ranks[(res.ranks["saving_frac"] >= min_saving_frac)
-                     & ((res.ranks["last_frac"] >= min_last_frac) | (share >= MIN_CAUSED_SHARE))
-                     & (res.ranks["saving_ns"] >= MIN_SAVING_STEP_NS * n_steps)].head(8)
-    stats = {int(row["rank"]): _significance(trace, int(row["rank"]), led, cstep, counted) for _, row in cand.iterrows()}
-    for col in ("p_last", "steps_led", "steps_seen", "effect_ratio", "noise", "z"):
-        res.ranks[col] = res.ranks["rank"].map({r: st[col] for r, st in stats.items()}).astype("float64")
-    sig = {r for r, st in stats.items() if st["significant"]}
-    res.ranks["significant"] = res.ranks["rank"].isin(sig)
-    for _, row in cand.iterrows():
-        r = int(row["rank"])
-        st = stats[r]
-        mine = done[done["last_rank"] == r].sort_values("skew_ns", ascending=False).head(5)
-        ev = [Evidence(rank=r, note=f"arrived {x['skew_ns'] / MS:.1f} ms after the first of {int(x['members'])} "
-                                     f"(step {int(x['step'])})",
-                       op_name=str(x["op_name"]), process_group=str(x["process_group"]),
-                       seq=int(x["collective_seq_id"]), op_id=int(x["last_op_id"]), time_ns=int(x["last_ns"]))
-              for _, x in mine.iterrows()]
-        if not ev:
-            continue
-        ratio = row["compute_ratio"]
-        rtext = f", compute {ratio:.1f}x its peers' median" if np.isfinite(ratio) else ""
-        saving = (f"at the median speed each step would be {row['saving_ns'] / n_steps / MS:.1f} ms shorter "
-                  f"({row['saving_frac']:.0%} of run time)")
-        test = _test_text(st)
-        if st["significant"]:
-            sev = "warning"
-            title = (f"{rank_label(trace, [r])} is a straggler: last to arrive at {row['last_frac']:.0%} of its "
-                     f"collectives{rtext}; {saving} ({test})")
-        else:
-            sev = "info"
-            title = (f"{rank_label(trace, [r])} was last to arrive at {row['last_frac']:.0%} of its collectives"
-                     f"{rtext}, but that is within this run's noise ({test}; {_failed_text(st)})")
-        res.findings.append(Finding(
-            "straggler", sev, title,
-            [r], ev, {"rank": r, "saving_ns": float(row["saving_ns"]), "saving_frac": float(row["saving_frac"]),
-                      "saving_per_step_ns": float(row["saving_ns"]) / n_steps,
-                      "compute_ratio": float(ratio) if np.isfinite(ratio) else None,
-                      "last_frac": float(row["last_frac"]), "significant": bool(st["significant"]),
-                      **{k: (None if isinstance(v, float) and not np.isfinite(v) else v)
-                         for k, v in st.items() if k != "significant"}}))
-    return res
+    return ranks[(ranks["saving_frac"] >= min_saving_frac)
+                 & ((ranks["last_frac"] >= min_last_frac) | (share >= MIN_CAUSED_SHARE))
+                 & (ranks["saving_ns"] >= MIN_SAVING_STEP_NS * n_steps)].head(8)
+
+
+def _straggler_finding(trace: Trace, row: pd.Series, st: dict, done: pd.DataFrame, n_steps: int) -> Finding | None:
+    """The `straggler` finding of one candidate (`row` of the per-rank table, `st` its tests): a warning
+    when significant, else `info` with what it lacks. None without an instance it was last at."""
+    r = int(row["rank"])
+    mine = done[done["last_rank"] == r].sort_values("skew_ns", ascending=False).head(5)
+    ev = [Evidence(rank=r, note=f"arrived {x['skew_ns'] / MS:.1f} ms after the first of {int(x['members'])} "
+                                 f"(step {int(x['step'])})",
+                   op_name=str(x["op_name"]), process_group=str(x["process_group"]),
+                   seq=int(x["collective_seq_id"]), op_id=int(x["last_op_id"]), time_ns=int(x["last_ns"]))
+          for _, x in mine.iterrows()]
+    if not ev:
+        return None
+    ratio = row["compute_ratio"]
+    rtext = f", compute {ratio:.1f}x its peers' median" if np.isfinite(ratio) else ""
+    if st.get("effect_from") == ARRIVAL:
+        rtext = f" by a median {st['late_ms']:.1f} ms a step"
+    saving = (f"at the median speed each step would be {row['saving_ns'] / n_steps / MS:.1f} ms shorter "
+              f"({row['saving_frac']:.0%} of run time)")
+    test = stats_text(st)
+    if st["significant"]:
+        sev = "warning"
+        title = (f"{rank_label(trace, [r])} is a straggler: last to arrive at {row['last_frac']:.0%} of its "
+                 f"collectives{rtext}; {saving} ({test})")
+    else:
+        sev = "info"
+        title = (f"{rank_label(trace, [r])} was last to arrive at {row['last_frac']:.0%} of its collectives"
+                 f"{rtext}, but that is within this run's noise ({test}; {shortfall_text(st)})")
+    return Finding(
+        "straggler", sev, title,
+        [r], ev, {"rank": r, "saving_ns": float(row["saving_ns"]), "saving_frac": float(row["saving_frac"]),
+                  "saving_per_step_ns": float(row["saving_ns"]) / n_steps,
+                  "compute_ratio": float(ratio) if np.isfinite(ratio) else None,
+                  "last_frac": float(row["last_frac"]), "significant": bool(st["significant"]),
+                  **{k: (None if isinstance(v, float) and not np.isfinite(v) else v)
+                     for k, v in st.items() if k != "significant"}})
 
 
 def _counted_steps(steps: np.ndarray) -> np.ndarray:
@@ -333,7 +385,7 @@ def _group_sum(codes: np.ndarray, values: np.ndarray) -> np.ndarray:
     return pd.Series(values, copy=False).groupby(codes, sort=True).sum().to_numpy()
 
 
-def _step_times(trace: Trace) -> pd.Series:
+def step_times(trace: Trace) -> pd.Series:
     """Wall time per step: the median of ranks' step_time_s, else the span of all ops in the step."""
     m = trace.metrics
     if len(m) and m["step_time_s"].notna().any():

@@ -112,31 +112,58 @@ def _join_inflight(samples: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     nested inside a longer one may hide the outer one, an accepted blur.
     Labels are built per distinct (op, group, peer), not per sample.
 
-    The as-of join is one searchsorted over (rank, start) packed into one int64, and only the ops the
-    running samples land on are taken (`_join_inflight_merge`, the pandas merge_asof, is kept for the
-    inputs that do not pack; tests/test_scale_paths.py compares the two)."""
+    The as-of join is one searchsorted over (rank, start) packed into one int64 (`_asof_running`), and
+    only the ops the running samples land on are taken (`_join_inflight_merge`, the pandas merge_asof, is
+    kept for the inputs that do not pack; tests/test_scale_paths.py compares the two)."""
     if not len(samples):
         return pd.DataFrame(columns=WAIT_COLUMNS)
     t = samples["time_ns"].to_numpy()
-    orank = ops["rank"].to_numpy()
-    st, en = ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy()
+    st = ops["start_ns"].to_numpy()
     if not len(st) or t.dtype.kind != "i" or st.dtype.kind != "i":
         return _join_inflight_merge(samples, ops)
+    srank = samples["rank"].to_numpy()
+    found = _asof_running(srank, t, ops)
+    if found is None:
+        return _join_inflight_merge(samples, ops)
+    take, running = found
+    jr = pd.DataFrame({c: ops[c].array.take(take) if isinstance(ops[c].dtype, pd.CategoricalDtype)
+                       else ops[c].to_numpy()[take] for c in ("op_name", "process_group", "kind")})
+    jr["peer"] = ops["peer"].to_numpy()[take].astype("int64")
+    out = np.full(len(t), "outside traced ops", dtype=object)
+    if running.any():
+        out[running] = _running_labels(jr)
+    del jr, take, running
+    # (rank, time) order, ties in input order: what sorting by time, then by (rank, time), both stable, gives
+    rs, ts = srank, t
+    ordered = len(rs) < 2 or bool(((rs[1:] > rs[:-1]) | ((rs[1:] == rs[:-1]) & (ts[1:] >= ts[:-1]))).all())
+    if ordered:       # columns as they are (the frame below copies them once)
+        return pd.DataFrame({"rank": rs, "time_ns": ts, "util": samples["util"].to_numpy(),
+                             "waiting_on": _label_column(out)})
+    order = np.lexsort((ts, rs))
+    return pd.DataFrame({"rank": rs[order], "time_ns": ts[order], "util": samples["util"].to_numpy()[order],
+                         "waiting_on": _label_column(out[order])}, copy=False)
+
+
+def _asof_running(srank: np.ndarray, t: np.ndarray, ops: pd.DataFrame) -> tuple[np.ndarray, np.ndarray] | None:
+    """(the row in `ops` of the op each running sample landed on, which samples landed on a running op):
+    per sample (rank `srank`, integer time `t`) the latest-started op of its rank, kept where it had not
+    ended by then. None when the (rank, start) keys do not pack into one int64 (or no op is near)."""
+    orank = ops["rank"].to_numpy()
+    st, en = ops["start_ns"].to_numpy(), ops["end_ns"].to_numpy()
     lo, hi = int(t.min()), int(t.max())
     near_mask = (st <= hi) & ((en < 0) | (en >= lo))
     # every op near the samples (the usual case): positions are the identity, no index array of all ops
     near = None if near_mask.all() else np.flatnonzero(near_mask)
     del near_mask
     if near is not None and not len(near):
-        return _join_inflight_merge(samples, ops)
-    srank = samples["rank"].to_numpy()
+        return None
     r_near = orank if near is None else orank[near]
     s_near = st if near is None else st[near]
     r0, r1 = min(int(r_near.min()), int(srank.min())), max(int(r_near.max()), int(srank.max()))
     t0 = min(int(s_near.min()), lo)
     width = max(hi, int(s_near.max())) - t0 + 1
     if float(width) * float(r1 - r0 + 1) >= 2.0**62:
-        return _join_inflight_merge(samples, ops)
+        return None
     # okey = (rank - r0) * width + (start - t0), in place: at 16,384 ranks (15 M ops, 7 M samples) every
     # temporary of either length is 60-120 MB
     okey = r_near.astype(np.int64)
@@ -168,24 +195,7 @@ def _join_inflight(samples: pd.DataFrame, ops: pd.DataFrame) -> pd.DataFrame:
     e_op = en[op]
     running = hit & ((e_op < 0) | (e_op >= t))
     del e_op, hit
-    take = op[running]
-    del op
-    jr = pd.DataFrame({c: ops[c].array.take(take) if isinstance(ops[c].dtype, pd.CategoricalDtype)
-                       else ops[c].to_numpy()[take] for c in ("op_name", "process_group", "kind")})
-    jr["peer"] = ops["peer"].to_numpy()[take].astype("int64")
-    out = np.full(len(t), "outside traced ops", dtype=object)
-    if running.any():
-        out[running] = _running_labels(jr)
-    del jr, take, running
-    # (rank, time) order, ties in input order: what sorting by time, then by (rank, time), both stable, gives
-    rs, ts = srank, t
-    ordered = len(rs) < 2 or bool(((rs[1:] > rs[:-1]) | ((rs[1:] == rs[:-1]) & (ts[1:] >= ts[:-1]))).all())
-    if ordered:       # columns as they are (the frame below copies them once)
-        return pd.DataFrame({"rank": rs, "time_ns": ts, "util": samples["util"].to_numpy(),
-                             "waiting_on": _label_column(out)})
-    order = np.lexsort((ts, rs))
-    return pd.DataFrame({"rank": rs[order], "time_ns": ts[order], "util": samples["util"].to_numpy()[order],
-                         "waiting_on": _label_column(out[order])}, copy=False)
+    return op[running], running
 
 
 def _label_column(labels: np.ndarray) -> pd.Categorical:

@@ -20,8 +20,7 @@ from plotly.subplots import make_subplots
 from ncclscope.perf.comm_stats import SEND_OPS
 from ncclscope.perf.performance import PerfResult
 from ncclscope.load.trace import Trace
-from ncclscope.report.style import MS, TEMPLATE, esc, int_axis, layout as _layout, template_json  # noqa: F401  (re-exported)
-from ncclscope.report.timeline import focus_ranks as _focus_ranks, timeline  # noqa: F401  (re-exported)
+from ncclscope.report.style import MS, esc, int_axis, layout as _layout
 
 MAX_LINES = 16          # ranks drawn as individual lines; above this, aggregate
 MAX_POINTS = 20_000     # scatter points per figure

@@ -32,7 +32,8 @@ from ncclscope.findings import Finding
 from ncclscope.load.trace import Trace
 from ncclscope.report import figures as F
 from ncclscope.report.bundle import loader_html, template_html
-from ncclscope.report.figures import esc
+from ncclscope.report.style import esc, template_json
+from ncclscope.report.timeline import timeline
 
 if TYPE_CHECKING:
     from ncclscope.verdict.compose import Analysis
@@ -65,7 +66,7 @@ window.addEventListener("error", function (e) {
 
 # (section id, title, figure builder, explanation)
 SECTIONS: list[tuple[str, str, Callable[[Trace, PerfResult, list[Finding]], Any], str]] = [
-    ("timeline", "Timeline", lambda t, p, f: F.timeline(t, p, f),
+    ("timeline", "Timeline", lambda t, p, f: timeline(t, p, f),
      "Last healthy steps of one pipeline (and the ranks named in findings), rows by stage then rank. Hue = "
      "microbatch (legend), forward solid, backward lighter and hatched; the thin lane under each row is "
      "communication (p2p cyan, collectives grey); light grey = idle inside the pipeline window (the bubble). "
@@ -94,7 +95,7 @@ def _figure_html(fig: Any, div_id: str) -> str:
     """The div and the figure's JSON; bundle.LOADER draws it once plotly.js is unpacked.
     The template (7 KB a figure) is left out: the page has it once (bundle.template_html).
     Every "<" in the JSON is written \\u003c: no string can end the script or open a comment."""
-    if fig.layout.template.to_plotly_json() == F.template_json():
+    if fig.layout.template.to_plotly_json() == template_json():
         fig.layout.template = None
     payload = pio.to_json(fig, validate=False, remove_uids=True).replace("<", "\\u003c")
     return (f'<div id="{div_id}" class="plot"></div>'
@@ -178,11 +179,11 @@ def write_report(trace: Trace, out_path: str | Path, analysis: "Analysis | None"
         body.append(f"<section id='{sid}' class='fig'><h2>{esc(title)}</h2><p class='muted'>{esc(note)}</p>"
                     f"{_figure_html(fig, 'fig-' + sid)}{tables.get(sid, '')}</section>")
 
-    cfg = trace.run.get("config") if isinstance(trace.run.get("config"), dict) else {}
+    cfg = trace.run.config
     mesh = " ".join(f"{k}={cfg[k]}" for k in ("tp", "cp", "pp", "dp", "ep") if isinstance(cfg.get(k), int) and cfg[k] > 1)
     meta = (f"{trace.world_size} ranks" + (f" · {esc(mesh)}" if mesh else "")
             + (f" · schedule {esc(cfg.get('schedule'))}, {esc(cfg.get('microbatches'))} microbatches" if cfg.get("pp", 1) > 1 else "")
-            + f" · end: {esc(trace.run.get('end_reason', 'unknown'))}")
+            + f" · end: {esc(trace.run.end_reason or 'unknown')}")
     nav = " ".join(f"<a href='#{s}'>{esc(t)}</a>" for s, t, _, _ in SECTIONS if s in drawn)
     warn = ""
     notes = list(trace.warnings) + list(analysis.errors) + failed
@@ -199,7 +200,7 @@ def write_report(trace: Trace, out_path: str | Path, analysis: "Analysis | None"
         f"<nav>{nav}</nav></section>",
         warn,   # what limits the evidence comes before what was concluded from it
         f"<section id='findings'><h2>Findings ({len(findings)})</h2>{_findings_html(findings)}</section>",
-        *body, "<pre id='js-errors' class='err'></pre></main>", template_html(F.template_json()), loader_html(), "</body></html>",
+        *body, "<pre id='js-errors' class='err'></pre></main>", template_html(template_json()), loader_html(), "</body></html>",
     ])
     out = Path(out_path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -17,7 +17,7 @@ How an op ends depends on the backend:
   - gloo (CPU): the calling thread waits on the work with the timeout; the
     end row is written when the wait returns, which is when the op is done.
   - NCCL (GPU): the CPU call returns long before the GPU has done the op, so
-    its return proves nothing. The op is handed to `_Completions`
+    its return proves nothing. The op is handed to `Completions`
     (comm_nccl.py), a thread that writes the end row at GPU completion, or
     the timeout row, stacks and Flight Recorder dump when it never completes.
 
@@ -47,10 +47,9 @@ import torch.distributed as dist
 
 from ncclscope import schema as S
 
-# Group, Handle, Op, Call and the errors are imported from here by the rest of the runtime
-from ncclscope.runtime.comm_nccl import NCCL_WATCHDOG_GRACE_S, _Completions, dump_flight_recorder  # noqa: F401
-from ncclscope.runtime.comm_site import _NO_TENSOR, _meta, call_site
-from ncclscope.runtime.comm_types import _DONE, Call, CommError, CommTimeoutError, Group, Handle, Op  # noqa: F401
+from ncclscope.runtime.comm_nccl import NCCL_WATCHDOG_GRACE_S, Completions
+from ncclscope.runtime.comm_site import NO_TENSOR, call_site, tensor_meta
+from ncclscope.runtime.comm_types import DONE, Call, CommError, CommTimeoutError, Group, Handle, Op
 
 
 _REDUCE_OPS = {
@@ -125,7 +124,7 @@ class Comm:
         self.failure: CommError | None = None     # NCCL: set by the completion thread
         self.failure_seen = False                 # ... and raised on the training thread
         self.on_stuck: Callable[[CommError], None] | None = None   # NCCL: the rank is stuck in a GPU wait
-        self._completions = _Completions(self) if backend == "nccl" else None
+        self._completions = Completions(self) if backend == "nccl" else None
 
     def add_hook(self, hook: Hook) -> None:
         """Run `hook(comm, call)` before every op is issued (see `Call`)."""
@@ -167,7 +166,7 @@ class Comm:
             for hook in self.hooks:
                 hook(self, call)
                 if call.skip:
-                    return None if wait else _DONE
+                    return None if wait else DONE
             op, group, t, arg, timeout_s = call.op, call.group, call.t, call.arg, call.timeout_s
         timeout = self.timeout_s if timeout_s is None else timeout_s
         op_id, seq = self._begin(op, group, t, arg, tag, timeout)
@@ -210,9 +209,9 @@ class Comm:
             self._seq[group.name] = cseq
             seq = -1
         if t is None:
-            sizes, dtype, nbytes = _NO_TENSOR
+            sizes, dtype, nbytes = NO_TENSOR
         else:
-            sizes, dtype, nbytes = _meta(t[0] if type(t) is list else t)
+            sizes, dtype, nbytes = tensor_meta(t[0] if type(t) is list else t)
         # positional, in Recorder.begin's order (kind, op_name, group, seq, p2p_seq, peer, tag, nbytes, dtype,
         # sizes, reduce_op, timeout_ms, call_site): keyword matching is a tenth of the hot path's cost
         op_id = self.rec.begin(op.kind, op.name, group.name, cseq, seq, peer, tag, nbytes, dtype, sizes,

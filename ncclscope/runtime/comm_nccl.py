@@ -1,7 +1,7 @@
 """NCCL: end rows at GPU completion.
 
 On NCCL the CPU call returns long before the GPU has done the op, so its
-return proves nothing. `Comm._call` hands the op to `_Completions`, a thread
+return proves nothing. `Comm._call` hands the op to `Completions`, a thread
 that polls `work.is_completed()` and writes the end row at GPU completion; the
 caller only orders its stream after the op (`work.wait()` without a timeout
 does not block the CPU). An op that never completes stays an open begin row
@@ -29,10 +29,11 @@ POLL_S = 0.0005                # completion poll period while ops are in flight
 STUCK_GRACE_S = 3.0            # after a timeout: time for the training thread to notice before on_stuck
 
 
-class _Completions:
+class Completions:
     """The NCCL poller thread: writes each op's end row when `work.is_completed()`
     turns true (GPU completion, to within POLL_S), or its timeout row when the
-    op's own timeout passes first. Only started on NCCL; gloo never pays for it."""
+    op's own timeout passes first. Only started on NCCL; gloo never pays for it.
+    Public: `Comm` (comm.py) starts one per rank on NCCL and hands it each op."""
 
     def __init__(self, comm: Any) -> None:   # the `Comm` (comm.py) whose ops it ends
         self.comm = comm

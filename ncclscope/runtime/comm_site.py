@@ -56,19 +56,23 @@ def site_functions() -> dict[str, list]:
     return {s: [name, first] for s, (name, first) in _FUNCS.items()}
 
 
-_META: dict[tuple[Any, Any], tuple[str, str, int]] = {}
+# (shape, dtype) -> tensor_meta's answer. Public: the tracer's fast wrapper (usertrace/hotpath.py)
+# reads it directly, one dict hit per call instead of a function call.
+META_CACHE: dict[tuple[Any, Any], tuple[str, str, int]] = {}
 
 
-def _meta(t: torch.Tensor) -> tuple[str, str, int]:
+def tensor_meta(t: torch.Tensor) -> tuple[str, str, int]:
     """(input_sizes, input_dtypes, bytes) of a tensor, cached per (shape, dtype):
     the same few shapes recur every step, and formatting them is the costliest
-    part of a begin row."""
+    part of a begin row. Public: comm.py's `Comm` and the tracer of unmodified
+    scripts (usertrace/) share it, so both write the same text for a tensor."""
     key = (t.shape, t.dtype)
-    meta = _META.get(key)
+    meta = META_CACHE.get(key)
     if meta is None:
-        meta = _META[key] = ("[" + str(list(t.shape)) + "]", str(t.dtype).replace("torch.", ""),
+        meta = META_CACHE[key] = ("[" + str(list(t.shape)) + "]", str(t.dtype).replace("torch.", ""),
                              t.numel() * t.element_size())
     return meta
 
 
-_NO_TENSOR = ("[]", "", 0)
+# tensor_meta of an op without a tensor (barrier); public: `Comm._begin` writes it
+NO_TENSOR = ("[]", "", 0)

@@ -91,5 +91,6 @@ class Handle:
             self._comm._finish(self._work, self._op_id, self._desc, timeout_s or self._timeout_s)
 
 
-_DONE = Handle.__new__(Handle)   # a skipped isend/irecv: nothing to wait for
-_DONE.done = True
+# a skipped isend/irecv: nothing to wait for. Public: `Comm._call` returns it when a hook skips a p2p op
+DONE = Handle.__new__(Handle)
+DONE.done = True

@@ -140,6 +140,13 @@ class RunConfig:
         if per_replica % self.microbatches:
             raise ConfigError(f"--batch-size {self.batch_size} / --dp {self.dp} = {per_replica} sequences per "
                               f"replica is not divisible by --microbatches {self.microbatches}")
+        self._check_stages()
+        self._check_job()
+        return self
+
+    def _check_stages(self) -> None:
+        """The pipeline's layers: --pp-layers (one entry a stage, summing to --n-layer), or --n-layer
+        divisible by the stages (part of `validate`)."""
         stages = f"--pp {self.pp} x --vpp {self.vpp} = {self.n_stages} stages" if self.vpp > 1 else \
             f"--pp {self.pp}"
         if self.pp_layers:
@@ -153,6 +160,9 @@ class RunConfig:
         elif self.n_layer % self.n_stages:
             raise ConfigError(f"--n-layer {self.n_layer} is not divisible by {stages} (give another --n-layer, "
                               f"or --pp-layers)")
+
+    def _check_job(self) -> None:
+        """Timeouts, the device (and its backend) and the fault drills (part of `validate`, its last checks)."""
         if self.timeout_s <= 0:
             raise ConfigError(f"--timeout-s must be > 0, got {self.timeout_s}")
         if self.deadline_s < 0:
@@ -166,7 +176,6 @@ class RunConfig:
         if self.inject:
             from ncclscope.runtime.faults import check_specs   # torch-free
             check_specs(self.inject, self)
-        return self
 
     def _size_model(self) -> None:
         """n_layer 0 (not chosen): the default, or what the pipeline layout needs."""

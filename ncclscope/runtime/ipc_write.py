@@ -14,8 +14,9 @@ import pyarrow as pa
 _WRITE_BUFFER_BYTES = 1 << 20   # a batch larger than this is written through, unbuffered
 
 
-def _column_converter(typ: pa.DataType) -> Any:
-    """The fastest conversion of one column (a Python list) to an Arrow array of `typ`.
+def column_converter(typ: pa.DataType) -> Any:
+    """The fastest conversion of one column (a Python list) to an Arrow array of `typ`
+    (public: tests/test_recorder.py checks it against `pa.array` on random columns).
 
     For the values the schema means (int, str, float, None) the array is the
     one `pa.array(col, type=typ)` makes. Integer columns go through the
@@ -85,7 +86,7 @@ class _RowsView:
 
     __slots__ = ("_stream",)
 
-    def __init__(self, stream: "_Stream") -> None:
+    def __init__(self, stream: "IpcStream") -> None:
         self._stream = stream
 
     def append(self, row: tuple[Any, ...]) -> None:
@@ -105,12 +106,13 @@ class _RowsView:
         return len(self._stream.buf) // self._stream.width
 
 
-class _Stream:
+class IpcStream:
     """One append-only Arrow IPC stream file fed from a flat, row-major list.
 
     Writers append a whole row with one `buf.extend(row_tuple)` (atomic under
     the GIL); `drain` converts and then removes exactly the rows it found, so
-    rows appended meanwhile stay queued for the next batch."""
+    rows appended meanwhile stay queued for the next batch. Public: the
+    Recorder (recorder.py) owns one per file (events, metrics, samples)."""
 
     def __init__(self, path: Path, schema: pa.Schema) -> None:
         self.path = path
@@ -119,7 +121,7 @@ class _Stream:
         self.buf: list[Any] = []
         self.append_row = self.buf.extend    # the hot path's one call per row
         self.rows = _RowsView(self)
-        self._convert = [_column_converter(f.type) for f in schema]
+        self._convert = [column_converter(f.type) for f in schema]
         # A native file behind Arrow's own buffer: a batch is gathered in memory
         # and handed to the OS in one write by flush() (written buffer by
         # buffer, a batch costs a system call per column buffer), without

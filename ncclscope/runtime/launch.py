@@ -156,35 +156,10 @@ def launch(cfg: C.RunConfig, dump_grads: str = "", quiet: bool = False) -> tuple
                          name=f"ncclscope-rank-{r}", daemon=False) for r in range(world)]
     bar = _Progress(cfg.steps)
     end_reason = "completed"
-    first_failure: float | None = None
     try:
         for p in procs:
             p.start()
-        while True:
-            alive = [p for p in procs if p.exitcode is None]
-            failed = [p for p in procs if p.exitcode not in (None, 0)]
-            elapsed = time.time() - started
-            if not quiet:
-                bar.show(list(progress), len(alive), world, elapsed)
-            if not alive:
-                end_reason = "completed" if not failed else "rank_failed"
-                break
-            if all(lingering[procs.index(p)] for p in alive):
-                end_reason = "rank_failed"   # everyone left has failed and recorded why
-                release.set()
-                for p in alive:
-                    p.join(timeout=5)
-                break
-            if (failed or any(lingering)) and first_failure is None:
-                first_failure = time.monotonic()
-            if first_failure is not None and time.monotonic() - first_failure > cfg.timeout_s + GRACE_S:
-                end_reason = "rank_failed"
-                break
-            if cfg.deadline_s and elapsed > cfg.deadline_s:
-                end_reason = "deadline"
-                break
-            for p in alive:
-                p.join(timeout=0.05)
+        end_reason = _watch(cfg, procs, progress, lingering, release, started, None if quiet else bar)
     except KeyboardInterrupt:
         end_reason = "interrupted"
     finally:
@@ -193,12 +168,7 @@ def launch(cfg: C.RunConfig, dump_grads: str = "", quiet: bool = False) -> tuple
             if lingering[i] and p.exitcode is None:
                 p.join(timeout=2)
         stopped = _stop_all(procs)
-        try:
-            for name in os.listdir(store_dir):
-                os.unlink(os.path.join(store_dir, name))
-            os.rmdir(store_dir)
-        except OSError:
-            pass
+        _remove_store(store_dir)
     if not quiet:
         bar.show(list(progress), 0, world, time.time() - started, final=True)
     if end_reason == "completed" and any(p.exitcode != 0 for p in procs):
@@ -212,6 +182,47 @@ def launch(cfg: C.RunConfig, dump_grads: str = "", quiet: bool = False) -> tuple
     )
     _write_json(run_dir / S.RUN_JSON, run)
     return run_dir, run
+
+
+def _watch(cfg: C.RunConfig, procs: list[Any], progress: Any, lingering: Any, release: Any, started: float,
+           bar: _Progress | None) -> str:
+    """Wait for the running ranks and return the end reason: all exited (completed, or rank_failed
+    when one failed), every rank left has failed and lingers (rank_failed), the survivors of a failure
+    had their timeout plus GRACE_S to fail too (rank_failed), or the deadline passed (deadline).
+    `bar` (None when quiet) shows the progress on the way."""
+    world = len(procs)
+    first_failure: float | None = None
+    while True:
+        alive = [p for p in procs if p.exitcode is None]
+        failed = [p for p in procs if p.exitcode not in (None, 0)]
+        elapsed = time.time() - started
+        if bar is not None:
+            bar.show(list(progress), len(alive), world, elapsed)
+        if not alive:
+            return "completed" if not failed else "rank_failed"
+        if all(lingering[procs.index(p)] for p in alive):
+            release.set()   # everyone left has failed and recorded why
+            for p in alive:
+                p.join(timeout=5)
+            return "rank_failed"
+        if (failed or any(lingering)) and first_failure is None:
+            first_failure = time.monotonic()
+        if first_failure is not None and time.monotonic() - first_failure > cfg.timeout_s + GRACE_S:
+            return "rank_failed"
+        if cfg.deadline_s and elapsed > cfg.deadline_s:
+            return "deadline"
+        for p in alive:
+            p.join(timeout=0.05)
+
+
+def _remove_store(store_dir: str) -> None:
+    """Delete the ranks' FileStore directory (what is left of it; errors ignored)."""
+    try:
+        for name in os.listdir(store_dir):
+            os.unlink(os.path.join(store_dir, name))
+        os.rmdir(store_dir)
+    except OSError:
+        pass
 
 
 def _stop_all(procs: list[Any]) -> set[int]:

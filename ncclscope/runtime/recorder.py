@@ -39,7 +39,7 @@ the flusher ~0.5 us per row (was 1.2-2 us), all of it holding the GIL:
   whole batch is `pa.repeat`ed (rank; -1 p2p fields in a collective-only
   batch; empty messages), floats and lists through `pa.array`. A value
   that path refuses (None, out of range, not a str) falls back to
-  `pa.array`, which accepts or rejects it as before (see _column_converter).
+  `pa.array`, which accepts or rejects it as before (see column_converter).
 - The stream goes to a native `pa.OSFile` behind `pa.BufferedOutputStream`:
   a batch is one write system call, made by Arrow without calling back into
   Python for every column buffer (a Python file object costs both). The
@@ -64,7 +64,7 @@ import pyarrow as pa
 from ncclscope import schema as S
 
 from ncclscope.runtime import abort_flush
-from ncclscope.runtime.ipc_write import _Stream
+from ncclscope.runtime.ipc_write import IpcStream
 
 FLUSH_INTERVAL_S = 0.2
 HEARTBEAT_INTERVAL_S = 1.0
@@ -141,9 +141,9 @@ class Recorder:
             # where time between ops is scheduling) from a stalled interconnect
             "host_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 0),
         }
-        self.events = _Stream(self.dir / S.EVENTS_FILE, S.EVENTS_SCHEMA)
-        self.metrics = _Stream(self.dir / S.METRICS_FILE, S.METRICS_SCHEMA)
-        self.samples = _Stream(self.dir / S.SAMPLES_FILE, S.SAMPLES_SCHEMA)
+        self.events = IpcStream(self.dir / S.EVENTS_FILE, S.EVENTS_SCHEMA)
+        self.metrics = IpcStream(self.dir / S.METRICS_FILE, S.METRICS_SCHEMA)
+        self.samples = IpcStream(self.dir / S.SAMPLES_FILE, S.SAMPLES_SCHEMA)
         self._op_ids = itertools.count()    # next() is atomic under the GIL: ids stay unique across threads
         self._append = self.events.append_row
         # op_id -> (begin time ns, begin row, history key (kind, name, group, peer, bytes))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ncclscope.runtime.config import RunConfig
-from ncclscope.runtime.data import global_batch
+from ncclscope.runtime.corpus import global_batch
 from ncclscope.runtime.model import GPT, GPTConfig, clip_, grad_norm_sq
 
 

@@ -59,7 +59,7 @@ from ncclscope import schema as S
 from ncclscope.runtime import config as C
 from ncclscope.runtime.comm import Comm, CommError, CommTimeoutError
 from ncclscope.runtime.comm_site import site_functions
-from ncclscope.runtime.data import global_batch, shard
+from ncclscope.runtime.corpus import global_batch, shard
 from ncclscope.runtime.faults import FaultPlan
 from ncclscope.runtime.mesh import MeshError, build_mesh
 from ncclscope.runtime.model import Layout, ParallelStage, grad_norm_sq, moe_blocks, param_checksum
@@ -87,7 +87,7 @@ def warm_imports() -> None:
     import torch._dynamo  # noqa: F401  (imported lazily by torch.optim)
     from ncclscope.runtime.recorder import warm_pyarrow
     warm_pyarrow()
-    from ncclscope.runtime.data import corpus
+    from ncclscope.runtime.corpus import corpus
     corpus()
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
 

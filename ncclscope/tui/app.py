@@ -32,10 +32,10 @@ from textual.binding import Binding
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Input, Static, TabbedContent, TabPane, Tabs
 
-from ncclscope.tui import model as M
+from ncclscope.tui.presenters import RunModel
 from ncclscope.tui.filtering import FilterMixin
 from ncclscope.tui.help import HelpScreen
-from ncclscope.tui.loading import EXIT_UNREADABLE, LoadingMixin, _read_run, analyse  # noqa: F401 - importable from here
+from ncclscope.tui.loading import EXIT_UNREADABLE, LoadingMixin
 from ncclscope.tui.screens.collectives import CollectivesView
 from ncclscope.tui.screens.metrics import MetricsView
 from ncclscope.tui.screens.overview import OverviewView
@@ -78,7 +78,7 @@ class NcclscopeApp(LoadingMixin, FilterMixin, App[None]):
         self.trace: Any = None
         self.analysis: Any = None            # ncclscope.verdict.run(trace)
         self._given = trace                  # a trace loaded before the app started (run_tui, tests)
-        self.run_model: M.RunModel | None = None
+        self.run_model: RunModel | None = None
         self.rank = -1                       # rank shown in the Rank tab
         self._focus_op = -1
         self._stale: set[str] = set(TABS)    # tabs whose data changed since they were last shown
@@ -124,7 +124,7 @@ class NcclscopeApp(LoadingMixin, FilterMixin, App[None]):
         yield SystemCommand("Clear filter", "clear the filter of the tab on show (Esc)", self.action_clear_filter)
 
     # ---- applying a model (UI thread) ------------------------------------
-    def apply(self, model: M.RunModel, trace: Any, analysis: Any = None) -> None:
+    def apply(self, model: RunModel, trace: Any, analysis: Any = None) -> None:
         self.run_model = model
         if trace is not None:
             self.trace, self.analysis = trace, analysis
@@ -214,7 +214,7 @@ class NcclscopeApp(LoadingMixin, FilterMixin, App[None]):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen(self))
+            self.push_screen(HelpScreen(self.BINDINGS))
 
 
 def _has_rank_dirs(path: Path) -> bool:

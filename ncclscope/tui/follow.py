@@ -34,7 +34,11 @@ import pyarrow as pa
 import pyarrow.ipc
 
 from ncclscope import schema as S
-from ncclscope.load.trace import GroupViews, RankInfo, Trace, assemble, conform_table, force_rank
+from ncclscope.findings import FindingKind
+from ncclscope.load.columns import conform_table, force_rank
+from ncclscope.load.groupviews import GroupViews
+from ncclscope.load.run_info import RunInfo
+from ncclscope.load.trace import RankInfo, Tables, Trace, apply_exit, assemble
 
 Progress = Callable[[int, int], None]
 _PARSE_ERRORS = (pa.ArrowInvalid, pa.ArrowIOError, OSError, ValueError)
@@ -170,7 +174,7 @@ class Follower:
 
     def __init__(self, path: str | os.PathLike[str], incremental: bool = True) -> None:
         self.root = Path(path)
-        self.run: dict[str, Any] = {}
+        self.run = RunInfo()                  # run.json as last read (typed once per change)
         self._run_sig = (-1, -1)
         self.ranks: dict[int, _Rank] = {}
         self._trace: Trace | None = None
@@ -181,7 +185,7 @@ class Follower:
     @property
     def ended(self) -> bool:
         """The launcher wrote its end reason: nothing more will be appended."""
-        return bool(self.run.get("end_reason"))
+        return bool(self.run.end_reason)
 
     def poll(self, progress: Progress | None = None) -> bool:
         changed = False
@@ -189,7 +193,7 @@ class Follower:
         if sig != self._run_sig:
             data = _read_json(self.root / S.RUN_JSON)
             if data is not None:
-                self.run, self._run_sig, changed = data, sig, True
+                self.run, self._run_sig, changed = RunInfo.from_dict(data), sig, True
         try:
             entries = [e for e in os.scandir(self.root) if e.name.startswith("rank-") and e.is_dir()]
         except OSError:
@@ -253,8 +257,8 @@ class Follower:
             events.append(force_rank(rk.tails[S.EVENTS_FILE].table(warnings), r))
             metrics.append(force_rank(rk.tails[S.METRICS_FILE].table(warnings), r))
             samples.append(force_rank(rk.tails[S.SAMPLES_FILE].table(warnings), r))
-        self._trace = assemble(self.root, self.run, world, infos, events, metrics, samples, None, stacks,
-                               warnings, group_views=views)
+        self._trace = assemble(self.root, self.run, world, infos, Tables(
+            events=events, metrics=metrics, samples=samples, group_views=views, stacks=stacks, warnings=warnings))
         return self._trace
 
     @property
@@ -265,10 +269,8 @@ class Follower:
     def _meta(self) -> tuple[int, dict[int, RankInfo], GroupViews, list[str]]:
         """(world size, rank infos, group views, warnings): what both builds read besides the tables."""
         warnings: list[str] = []
-        world = max([_int(self.run.get("world_size"), 0)] + [_int(rk.meta.get("world_size"), 0)
-                                                             for rk in self.ranks.values()]
+        world = max([self.run.world_size] + [_int(rk.meta.get("world_size"), 0) for rk in self.ranks.values()]
                     + [max(self.ranks, default=-1) + 1])
-        exits = self.run.get("ranks") if isinstance(self.run.get("ranks"), dict) else {}
         infos: dict[int, RankInfo] = {}
         for r, rk in sorted(self.ranks.items()):
             infos[r] = _rank_info(r, rk.meta)
@@ -282,12 +284,9 @@ class Follower:
         for r in range(world):
             if r not in infos:
                 infos[r] = RankInfo(rank=r, present=False)
-            ex = exits.get(str(r)) if isinstance(exits, dict) else None
-            if isinstance(ex, dict):
-                code = ex.get("exitcode")
-                infos[r].exitcode = code if isinstance(code, int) else None
-                infos[r].signal = str(ex["signal"]) if ex.get("signal") else None
-                infos[r].stopped_by_launcher = bool(ex.get("stopped_by_launcher", False))
+            ex = self.run.exits.get(r)
+            if ex is not None:
+                apply_exit(infos[r], ex)
         return world, infos, views, warnings
 
     def _group_views(self, warnings: list[str]) -> GroupViews:
@@ -344,7 +343,11 @@ def hold_premature_hang(analysis: Any, trace: Trace) -> tuple[Any, str]:
     hang = [f for f in analysis.findings if any(f is g for g in diag.findings)]
     ranks = sorted(set().union(*(f.involved_ranks for f in hang)) if hang else set())
     ops = trace.ops
-    if not ranks or not len(ops):
+    if not len(ops) or all(f.kind == FindingKind.NO_OP_IN_FLIGHT for f in hang):
+        # a live job that has posted nothing yet, or whose ranks are all between ops, is starting or
+        # computing, not stopped: "stopped" is a post-mortem's word
+        return _without(analysis, hang), "live: no op in flight yet" if not len(ops) else "live: between ops"
+    if not ranks:
         return analysis, ""
     mine = ops[ops["rank"].isin(ranks).to_numpy() & (ops["kind"] != S.KIND_MARKER).to_numpy()]
     status = mine["status"].astype(str)
@@ -356,7 +359,7 @@ def hold_premature_hang(analysis: Any, trace: Trace) -> tuple[Any, str]:
     if not len(infl):
         return analysis, ""
     now = trace.end_ns
-    cfg = trace.run.get("config") if isinstance(trace.run.get("config"), dict) else {}
+    cfg = trace.run.config
     timeout_s = cfg.get("timeout_s") if isinstance(cfg.get("timeout_s"), (int, float)) else None
     done = ops[(ops["status"].astype(str) == "ok").to_numpy()]
     median = done.groupby(done["op_name"].astype(str))["duration_ns"].median() / 1e9 if len(done) else None
@@ -370,14 +373,20 @@ def hold_premature_hang(analysis: Any, trace: Trace) -> tuple[Any, str]:
             worst, worst_ratio = (int(row.rank), name, wait, limit), wait / limit
     if worst_ratio > 1.0:
         return analysis, ""
+    rank, name, wait, limit = worst
+    note = (f"live: rank {rank} in {name} for {wait:.1f} s, within its history; "
+            f"a hang is called after {limit:.1f} s")
+    return _without(analysis, hang), note
+
+
+def _without(analysis: Any, hang: list[Any]) -> Any:
+    """The analysis with the hang diagnosis' findings held back: the verdict from the composer's
+    `compose_verdict` over the rest."""
     from dataclasses import replace
     from ncclscope.verdict.compose import compose_verdict
     rest = [f for f in analysis.findings if not any(f is g for g in hang)]
     verdict, level = compose_verdict(None, rest, analysis.errors)
-    rank, name, wait, limit = worst
-    note = (f"live: rank {rank} in {name} for {wait:.1f} s, within its history; "
-            f"a hang is called after {limit:.1f} s")
-    return replace(analysis, verdict=verdict, level=level, findings=rest), note
+    return replace(analysis, verdict=verdict, level=level, findings=rest)
 
 
 def wait_threshold_s(median_s: float, timeout_s: float | None) -> float:

@@ -1,6 +1,6 @@
 """The index of a followed run, extended from the last poll's instead of rebuilt (`--follow`).
 
-`analysis/index.py`'s `TraceIndex` computes each view from the whole trace on
+`index/views.py`'s `TraceIndex` computes each view from the whole trace on
 first use. A poll changes few ops (`follow_ops.LiveOps.changed`: the new ones
 and the ones an end row just closed), so the views that are per-op rows or
 mergeable aggregates are computed on those ops only and merged into the last

@@ -1,8 +1,8 @@
 """One table of a followed run (events, metrics or samples), extended batch by batch (`--follow`).
 
 `trace.assemble` turns every rank's whole table into compact columns on each
-call (`columns._Columns`: strings become codes into one dictionary per
-column). Here only the appended rows are converted, by one `_Columns` kept for
+call (`columns.Columns`: strings become codes into one dictionary per
+column). Here only the appended rows are converted, by one `Columns` kept for
 the whole follow, so a string keeps the code it was first given; each rank
 keeps its converted chunks, and a poll's frame is one concatenation per column
 in rank order, as `assemble` builds it.
@@ -15,9 +15,9 @@ showed two polls ago), so each rank records, per code, where the value first
 appears in it (row 2i; a null of the batch ending at row j: 2j+1), and the
 frame's categories are the codes sorted by (rank, that position): the order
 a full build gives, with no string hashed twice. The frame itself is made by
-`_Columns.frame` (fed the remapped codes), so dtypes are its own.
+`Columns.frame` (fed the remapped codes), so dtypes are its own.
 
-Uses `columns._Columns` and its private `_flush`/`parts`/`cats`/`rows` on purpose: the
+Uses `columns.Columns` and its `flush`/`parts`/`cats`/`rows` on purpose: the
 conversion and the frame are exactly the loader's, nothing is copied.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from ncclscope.load.columns import _Columns
+from ncclscope.load.columns import Columns
 
 _ABSENT = np.iinfo(np.int64).max
 _RANK_SHIFT = 42                      # position keys: rank index << 42 | position in the rank (2 * row + null bit)
@@ -47,7 +47,7 @@ class LiveTable:
 
     def __init__(self, schema: pa.Schema) -> None:
         self.schema = schema
-        self.conv = _Columns(schema)          # kept for the whole follow: codes never change
+        self.conv = Columns(schema)          # kept for the whole follow: codes never change
         self.cat_names = list(self.conv.cats)
         self.ranks: dict[int, _RankCols] = {}
 
@@ -74,7 +74,7 @@ class LiveTable:
         # one table, one chunk per column: the converter's per-chunk work is paid once per poll, not per batch
         # (which values get which code does not matter here: the frame's order comes from _positions)
         self.conv.add(pa.concat_tables(tables).combine_chunks() if len(tables) > 1 else tables[0])
-        self.conv._flush()
+        self.conv.flush()
         converted: dict[str, Any] = {}
         for name, parts in self.conv.parts.items():
             if name in self.conv.cats:
@@ -140,7 +140,7 @@ class LiveTable:
     def frame(self, ranks: list[int]) -> pd.DataFrame:
         """The whole table over `ranks` (sorted), as `assemble` builds it from the same rows."""
         ranks = [r for r in ranks if r in self.ranks and self.ranks[r].rows]
-        out = _Columns(self.schema)
+        out = Columns(self.schema)
         for name in out.parts:
             pieces = [c for r in ranks for c in self.ranks[r].chunks[name]]
             if name in out.cats:                       # codes in this poll's category order; frame() concatenates

@@ -22,9 +22,9 @@ from typing import Any
 
 from ncclscope import schema as S
 from ncclscope.index.views import seed_index
-from ncclscope.load.columns import _aligned, _fill_ints
+from ncclscope.load.columns import aligned_times, fill_ints, force_rank
 from ncclscope.load.groupviews import GroupViews
-from ncclscope.load.trace import RankInfo, Trace, force_rank
+from ncclscope.load.trace import RankInfo, Trace
 from ncclscope.tui.follow_index import IndexState, extend
 from ncclscope.tui.follow_ops import LiveOps, phase_codes
 from ncclscope.tui.follow_tables import LiveTable
@@ -78,14 +78,14 @@ class LiveTrace:
         ranks = sorted(follower.ranks)
         offsets = {r: int(info.clock_offset_ns) for r, info in infos.items()}
         live = self.tables[S.EVENTS_FILE]
-        events = _fill_ints(live.frame(ranks), S.EVENTS_SCHEMA)
-        events["t_ns"] = _aligned(events["time_ns"].to_numpy(), events["rank"].to_numpy(), offsets)
-        metrics = _fill_ints(self.tables[S.METRICS_FILE].frame(ranks), S.METRICS_SCHEMA)
-        samples = _fill_ints(self.tables[S.SAMPLES_FILE].frame(ranks), S.SAMPLES_SCHEMA)
+        events = fill_ints(live.frame(ranks), S.EVENTS_SCHEMA)
+        events["t_ns"] = aligned_times(events["time_ns"].to_numpy(), events["rank"].to_numpy(), offsets)
+        metrics = fill_ints(self.tables[S.METRICS_FILE].frame(ranks), S.METRICS_SCHEMA)
+        samples = fill_ints(self.tables[S.SAMPLES_FILE].frame(ranks), S.SAMPLES_SCHEMA)
         if len(samples):
-            samples["time_ns"] = _aligned(samples["time_ns"].to_numpy(), samples["rank"].to_numpy(), offsets)
+            samples["time_ns"] = aligned_times(samples["time_ns"].to_numpy(), samples["rank"].to_numpy(), offsets)
         if len(metrics):
-            metrics["time_ns"] = _aligned(metrics["time_ns"].to_numpy(), metrics["rank"].to_numpy(), offsets)
+            metrics["time_ns"] = aligned_times(metrics["time_ns"].to_numpy(), metrics["rank"].to_numpy(), offsets)
         bases, at = {}, 0
         for r in ranks:
             n = live.rows(r)

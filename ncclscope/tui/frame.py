@@ -5,14 +5,13 @@ runs in the loading worker in milliseconds even at 1,024 ranks.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pandas as pd
 
 from ncclscope import schema as S
 from ncclscope.findings import Finding
-from ncclscope.load.trace import STATUS_INFLIGHT, RankInfo, Trace
+from ncclscope.load.opsjoin import STATUS_INFLIGHT
+from ncclscope.load.trace import RankInfo, RunInfo, Trace
 from ncclscope.tui.presenters import MESH_KEYS, NS
 
 COORD_KEYS = ("pp", "dp", "cp", "tp", "ep")   # label order: coarsest first
@@ -51,9 +50,9 @@ def fmt_seconds(ns: float) -> str:
     return f"{s:.1f} s"
 
 
-def degrees(run: dict[str, Any], ranks: dict[int, RankInfo]) -> dict[str, int]:
+def degrees(run: RunInfo, ranks: dict[int, RankInfo]) -> dict[str, int]:
     """Mesh degrees from run.json's config, else from the largest coordinate seen."""
-    cfg = run.get("config") if isinstance(run.get("config"), dict) else {}
+    cfg = run.config
     out = {}
     for k in MESH_KEYS + ("ep",):
         v = cfg.get(k)

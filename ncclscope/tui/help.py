@@ -1,4 +1,8 @@
-"""`?` / F1: every key of the TUI, read from the bindings themselves (so the list cannot go stale)."""
+"""`?` / F1: every key of the TUI, read from the bindings themselves (so the list cannot go stale).
+
+The app hands its own BINDINGS to `HelpScreen` (this module never imports `app.py`, which imports
+it); the widgets' bindings are read from their classes here.
+"""
 from __future__ import annotations
 
 from typing import Any, Iterable
@@ -10,6 +14,9 @@ from textual.binding import Binding
 from textual.containers import VerticalScroll
 from textual.screen import ModalScreen
 from textual.widgets import Static
+
+from ncclscope.tui.widgets.rank_grid import RankGrid
+from ncclscope.tui.widgets.tables import GroupList, OpenTable
 
 # Keys the widgets handle without a binding of ours (Textual's own, or the mouse).
 EXTRA = [
@@ -26,16 +33,14 @@ def _key(b: Binding) -> str:
     return " ".join(names.get(k, k) for k in b.key.split(","))
 
 
-def binding_rows() -> list[tuple[str, str, str]]:
-    """(where, keys, what) for every binding of the app and its widgets."""
-    from ncclscope.tui.app import NcclscopeApp
-    from ncclscope.tui.widgets.rank_grid import RankGrid
-    from ncclscope.tui.widgets.tables import GroupList, OpenTable
+def binding_rows(app_bindings: Iterable[Any]) -> list[tuple[str, str, str]]:
+    """(where, keys, what) for every binding of the app (`app_bindings`: its BINDINGS) and its widgets."""
     rows: list[tuple[str, str, str]] = []
-    sources: Iterable[tuple[str, Any]] = (("Everywhere", NcclscopeApp), ("Overview findings", OpenTable),
-                                          ("Ranks grid", RankGrid), ("Collectives groups", GroupList))
-    for where, cls in sources:
-        for b in cls.BINDINGS:
+    sources: Iterable[tuple[str, Iterable[Any]]] = (
+        ("Everywhere", app_bindings), ("Overview findings", OpenTable.BINDINGS),
+        ("Ranks grid", RankGrid.BINDINGS), ("Collectives groups", GroupList.BINDINGS))
+    for where, bindings in sources:
+        for b in bindings:
             b = b if isinstance(b, Binding) else Binding(*b)
             what = b.description or b.action
             if where == "Everywhere" and b.action.startswith("show_tab"):
@@ -55,9 +60,10 @@ class HelpScreen(ModalScreen[None]):
     #help-box { width: 90%; max-width: 96; height: 90%; border: round $accent; background: $surface; padding: 0 1; }
     """
 
-    def __init__(self, app: Any = None) -> None:
+    def __init__(self, app_bindings: Iterable[Any]) -> None:
+        """`app_bindings`: the app's BINDINGS (listed under "Everywhere")."""
         super().__init__()
-        self.rows = binding_rows()
+        self.rows = binding_rows(app_bindings)
 
     def compose(self) -> ComposeResult:
         table = Table(box=None, show_header=True, header_style="bold", expand=True, pad_edge=False)

@@ -14,7 +14,9 @@ from typing import Any
 from textual import work
 from textual.worker import get_current_worker
 
-from ncclscope.tui import model as M
+from ncclscope.load.run_info import RunInfo
+from ncclscope.tui.frame import rank_frame
+from ncclscope.tui.model import build_run_model, preliminary_model
 from ncclscope.tui.screens.overview import OverviewView
 
 EXIT_UNREADABLE = 2        # as `ncclscope analyze` on a directory it cannot read
@@ -36,9 +38,9 @@ class LoadingMixin:
         """Stages, each applied as soon as it is ready; then, with --follow, poll for appended rows."""
         worker = get_current_worker()
         progress = self._progress_cb()
-        run = _read_run(self.path)
-        if run.get("world_size") and self._given is None:
-            self._ui(self.apply, M.preliminary_model(self.path, run), None)
+        run = RunInfo.from_dict(_read_run(self.path))
+        if run.world_size and self._given is None:
+            self._ui(self.apply, preliminary_model(self.path, run), None)
             self._stop.wait(0.15)   # let the UI thread paint the first screen before loading takes the GIL
         from ncclscope.load.trace import TraceError
         follower = None
@@ -53,7 +55,7 @@ class LoadingMixin:
                 trace = follower.trace()
             else:
                 from ncclscope.load.foreign import load_any
-                progress(f"loading trace ({run.get('world_size', '?')} ranks)", 1, 3)
+                progress(f"loading trace ({run.world_size or '?'} ranks)", 1, 3)
                 trace = load_any(self.path)
         except TraceError as exc:
             if follower is None:
@@ -73,8 +75,8 @@ class LoadingMixin:
         if trace is None or worker.is_cancelled:
             return
         live = follower is not None and not follower.ended
-        frame = M.rank_frame(trace)
-        self._ui(self.apply, M.build_run_model(trace, None, live=live, stage="loaded", frame=frame), trace)
+        frame = rank_frame(trace)
+        self._ui(self.apply, build_run_model(trace, None, live=live, stage="loaded", frame=frame), trace)
         progress("analysing", 2, 3)
         self._analyse(trace, live, frame)
         progress("", None, None)
@@ -89,11 +91,11 @@ class LoadingMixin:
 
     def _analyse(self, trace: Any, live: bool, frame: Any = None) -> None:
         """Compose the verdict (`analysis.run`) and apply it; while a job is live, hold a premature hang."""
-        frame = M.rank_frame(trace) if frame is None else frame
+        frame = rank_frame(trace) if frame is None else frame
 
         def diagnosed(early: Any) -> None:
             # a hang settles the verdict line: on screen now, the performance tabs when they are done
-            self._ui(self.apply, M.build_run_model(trace, early, live=False, stage="diagnosed", frame=frame),
+            self._ui(self.apply, build_run_model(trace, early, live=False, stage="diagnosed", frame=frame),
                      trace, early)
             self._ui(self._set_progress, "analysing performance", 2.5, 3)
 
@@ -107,7 +109,7 @@ class LoadingMixin:
             from ncclscope.tui.follow import hold_premature_hang
             analysis, note = hold_premature_hang(analysis, trace)
         self.live_note = note
-        model = M.build_run_model(trace, analysis, live=live, stage="ready", frame=frame)
+        model = build_run_model(trace, analysis, live=live, stage="ready", frame=frame)
         self._ui(self.apply, model, trace, analysis)
 
     def _ui(self, fn: Any, *args: Any) -> None:

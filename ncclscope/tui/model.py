@@ -4,8 +4,8 @@ The verdict line, the findings and the root-cause ranks are the composer's
 (`ncclscope.verdict.run`), shown verbatim: nothing here decides what is wrong
 with the run. This module lays the ranks out on the mesh, colours them, and
 writes the run's config / mesh / steps lines. The presenter dataclasses live
-in `presenters.py`, the trace-column helpers in `frame.py`; both are
-re-exported here, so `from ncclscope.tui import model as M` reaches them all.
+in `presenters.py`, the trace-column helpers in `frame.py`; the views import
+them from there.
 
     from ncclscope.load.trace import load
     from ncclscope.verdict import run
@@ -17,22 +17,17 @@ re-exported here, so `from ncclscope.tui import model as M` reaches them all.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import numpy as np
 import pandas as pd
 
-try:
-    from ncclscope.index.labels import fmt_ranks
-except ImportError:   # before the labels were split out of groups.py
-    from ncclscope.hang.group_checks import fmt_ranks  # type: ignore[no-redef]
 from ncclscope.findings import Finding
-from ncclscope.load.trace import RankInfo, Trace, assemble
-from ncclscope.tui.frame import (COORD_KEYS, cell_states, coord_label, coords_of, degrees, describe_ops, fmt_seconds,  # noqa: F401
-                    plain, rank_frame, varying_keys)
-from ncclscope.tui.presenters import (COMPACT_PER_ROW, GLYPH, MAX_MESH_ROWS, MESH_KEYS, NS, STATE_LABEL, STATES,  # noqa: F401
-                         CollMatrix, FindingView, GridModel, MetricRow, MetricsModel, OpRow, P2PRow, RankCell,
-                         RankDetail, RunModel, TimelineModel)
+from ncclscope.index.labels import fmt_ranks
+from ncclscope.load.trace import RankInfo, RunInfo, Tables, Trace, apply_exit, assemble
+from ncclscope.tui.frame import cell_states, coords_of, degrees, rank_frame
+from ncclscope.tui.presenters import (COMPACT_PER_ROW, MAX_MESH_ROWS, MESH_KEYS, STATE_LABEL, STATES, FindingView,
+                                      GridModel, RankCell, RunModel)
 
 if TYPE_CHECKING:
     from ncclscope.verdict.compose import Analysis
@@ -75,8 +70,8 @@ def build_grid(trace: Trace, states: pd.Series, notes: pd.Series, roots: Iterabl
 
 
 # ---- The run model ---------------------------------------------------------
-def _config_line(run: dict[str, Any], deg: dict[str, int]) -> str:
-    cfg = run.get("config") if isinstance(run.get("config"), dict) else {}
+def _config_line(run: RunInfo, deg: dict[str, int]) -> str:
+    cfg = run.config
     if not cfg:
         return "no run.json config (foreign trace or still starting)"
     parts = [f"{k} {deg[k]}" for k in ("tp", "cp", "dp", "pp", "ep") if deg.get(k, 1) > 1] or ["single rank group"]
@@ -125,14 +120,14 @@ def build_run_model(trace: Trace, analysis: "Analysis | None" = None, live: bool
     notes = notes.where(notes == "", np.where(frame["inflight_op"] != "", "in ", "last ") + notes)
     grid = build_grid(trace, states, notes, roots)
     deg = degrees(trace.run, trace.ranks)
-    cfg_steps = (trace.run.get("config") or {}).get("steps") if isinstance(trace.run.get("config"), dict) else None
+    cfg_steps = trace.run.config.get("steps")
     steps = frame["steps"]
     lo, hi = (int(steps.min()), int(steps.max())) if len(steps) else (0, 0)
     steps_line = f"steps done {lo}" + (f"–{hi}" if hi != lo else "") + (f" of {cfg_steps}" if cfg_steps else "")
     if lo != hi:
         behind = steps.index[steps == lo].tolist()
         steps_line += f" (behind: rank{'s' if len(behind) > 1 else ''} {fmt_ranks(behind)})"
-    end = str(trace.run.get("end_reason", "") or ("running" if live else "unknown (no end reason in run.json)"))
+    end = trace.run.end_reason or ("running" if live else "unknown (no end reason in run.json)")
     counts = ", ".join(f"{grid.counts[s]} {STATE_LABEL[s]}" for s in STATES[::-1] if grid.counts.get(s))
     verdict, level = ("analysing…", "pending") if analysis is None else (analysis.verdict, analysis.level)
     warnings = list(trace.warnings) + (list(analysis.errors) if analysis is not None else [])
@@ -143,17 +138,15 @@ def build_run_model(trace: Trace, analysis: "Analysis | None" = None, live: bool
         root_ranks=roots, warnings=warnings, stage=stage, live=live, n_events=len(trace.events))
 
 
-def preliminary_model(path: Path, run: dict[str, Any]) -> RunModel:
+def preliminary_model(path: Path, run: RunInfo) -> RunModel:
     """From run.json alone (milliseconds even at 1,024 ranks): the first screen while the trace loads."""
-    world = int(run.get("world_size", 0) or 0)
-    exits = run.get("ranks") if isinstance(run.get("ranks"), dict) else {}
+    world = run.world_size
     ranks: dict[int, RankInfo] = {}
     for r in range(world):
-        ex = exits.get(str(r)) if isinstance(exits.get(str(r)), dict) else {}
-        code = ex.get("exitcode")
-        ranks[r] = RankInfo(rank=r, present=True, exitcode=code if isinstance(code, int) else None,
-                            signal=str(ex["signal"]) if ex.get("signal") else None,
-                            stopped_by_launcher=bool(ex.get("stopped_by_launcher", False)))
-    model = build_run_model(assemble(path, run, world, ranks, []), None, stage="preliminary")
+        ranks[r] = RankInfo(rank=r, present=True)
+        ex = run.exits.get(r)
+        if ex is not None:
+            apply_exit(ranks[r], ex)
+    model = build_run_model(assemble(path, run, world, ranks, Tables(events=[])), None, stage="preliminary")
     model.steps_line, model.verdict = "steps: loading…", "loading trace…"
     return model

@@ -11,18 +11,18 @@ export) shows what `run(trace)` returns and composes nothing of its own.
 Order of authority: the hang diagnosis speaks first (a hung job's slowness is
 a symptom). When it finds nothing, the most severe performance or numerics
 finding at warning level or above makes the line. An analysis that fails is
-recorded in `errors` and the others still run; the verdict then says that
-part of the analysis is missing instead of calling the run healthy.
+recorded in `errors` and the others still run (`guard.py`, the one error guard,
+shared with the performance analyses); the verdict then says that part of the
+analysis is missing instead of calling the run healthy.
 """
 from __future__ import annotations
 
-import time
-import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
 from ncclscope.findings import Finding, FindingKind, Role, Severity, sort_findings
-from ncclscope.verdict.headline import OK_VERDICT, hang_verdict, prefix  # noqa: F401  (re-exported)
+from ncclscope.verdict.guard import Guard
+from ncclscope.verdict.headline import OK_VERDICT, prefix
 
 if TYPE_CHECKING:
     from ncclscope.load.trace import Trace
@@ -74,19 +74,6 @@ class Analysis:
                 "errors": list(self.errors), "performance": self.perf.summary() if self.perf is not None else None}
 
 
-def _guard(errors: list[str], timings: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
-    t0 = time.perf_counter()
-    try:
-        return fn()
-    except Exception as exc:  # one analysis must not take the others (or the face) down
-        where = traceback.extract_tb(exc.__traceback__)[-1] if exc.__traceback__ else None
-        at = f" at {where.filename.rsplit('/', 1)[-1]}:{where.lineno}" if where else ""
-        errors.append(f"{name} failed: {type(exc).__name__}: {exc}{at}")
-        return None
-    finally:
-        timings[name] = time.perf_counter() - t0
-
-
 def compose_verdict(diagnosis: "Diagnosis | None", perf_findings: list[Finding], errors: list[str]) -> tuple[str, str]:
     """(verdict line, level) from the hang diagnosis and the performance findings."""
     if diagnosis is not None and not diagnosis.ok:
@@ -120,18 +107,18 @@ def run(trace: "Trace", *, hang: bool = True, performance: bool = True,
     from ncclscope.index.views import release_views
     from ncclscope.perf.performance import analyze_performance
 
-    errors: list[str] = []
-    timings: dict[str, float] = {}
-    diagnosis = _guard(errors, timings, "hang diagnosis", lambda: diagnose(trace)) if hang else None
+    guard = Guard()
+    errors, timings = guard.errors, guard.timings
+    diagnosis = guard("hang diagnosis", lambda: diagnose(trace)) if hang else None
     if on_verdict is not None and diagnosis is not None and not diagnosis.ok and performance:
         verdict, level = compose_verdict(diagnosis, [], errors)     # the hang's line: perf cannot change it
         on_verdict(Analysis(verdict=verdict, level=level, findings=sort_findings(list(diagnosis.findings)),
                             diagnosis=diagnosis, errors=list(errors),
                             warnings=list(getattr(trace, "warnings", []) or []), timings_s=dict(timings)))
     release_views(trace)        # the performance analyses read the tables, not the index's per-op views
-    perf = _guard(errors, timings, "performance", lambda: analyze_performance(trace)) if performance else None
+    perf = guard("performance", lambda: analyze_performance(trace)) if performance else None
     if perf is not None:
-        errors += [e for e in perf.errors if "\n" not in e]
+        errors += perf.errors
         timings.update({f"perf.{k}": v for k, v in perf.timings.items()})
     hang_findings = list(diagnosis.findings) if diagnosis is not None else []
     perf_findings = list(perf.findings) if perf is not None else []

@@ -42,7 +42,7 @@ def detect(path: str | os.PathLike[str]) -> str:
     except (OSError, ValueError) as exc:
         raise TraceError(f"{root}: unreadable ({safe_io.short(exc)})") from None
     if not (stat.S_ISREG(st.st_mode) or stat.S_ISDIR(st.st_mode)):
-        raise TraceError(f"{root}: {safe_io._kind(st.st_mode)}, not {FORMATS}")
+        raise TraceError(f"{root}: {safe_io.file_kind(st.st_mode)}, not {FORMATS}")
     if stat.S_ISREG(st.st_mode):
         if fr.sniff(root):
             return "flight_recorder"

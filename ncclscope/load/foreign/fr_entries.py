@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from ncclscope.load import safe_io
-from ncclscope.load.foreign.fr_read import _dtype_and_bytes, _ints, _objects, _size_text, _text, call_site
+from ncclscope.load.foreign.fr_read import dtype_and_bytes, field_ints, object_array, size_text, field_text, call_site
 
 __all__ = ["Entries", "KEYS"]
 
@@ -76,12 +76,12 @@ def _distinct_texts(values: Any) -> tuple[Any, dict[Any, None]]:
             return values, uniq
     except TypeError:          # unhashable: a list or dict where a name should be
         pass
-    values = [_text(v) if not isinstance(v, (str, int)) or isinstance(v, bool) else v for v in values]
+    values = [field_text(v) if not isinstance(v, (str, int)) or isinstance(v, bool) else v for v in values]
     return values, dict.fromkeys(values)
 
 
 def _size_texts(sizes: list[Any]) -> list[str]:
-    """`_size_text` of each (str of a list, when they are all lists). A dump has few distinct shapes, and
+    """`size_text` of each (str of a list, when they are all lists). A dump has few distinct shapes, and
     `str` of a nested list is slow (~0.7 us): each list is keyed by its `marshal` bytes (one C pass, 3x
     faster; equal bytes mean the same types and values, so the same text) and only one list per
     distinct key is turned into text. Where marshal refuses a value, `str` of every list, as before."""
@@ -100,7 +100,7 @@ def _size_texts(sizes: list[Any]) -> list[str]:
             return list(map(text.__getitem__, keys))
         except (RecursionError, ValueError):
             pass
-    return [_size_text(sz) for sz in sizes]
+    return [size_text(sz) for sz in sizes]
 
 
 def values_are_lists(values: list[Any]) -> bool:
@@ -207,19 +207,19 @@ class Entries:
             if len(pg_name) != n:
                 raise ValueError
         except (TypeError, ValueError):
-            fixed = [pg if isinstance(pg, (list, tuple)) and len(pg) >= 2 else (_text(pg), "") for pg in pgs]
+            fixed = [pg if isinstance(pg, (list, tuple)) and len(pg) >= 2 else (field_text(pg), "") for pg in pgs]
             pg_name, pg_desc = tuple(p[0] for p in fixed), tuple(p[1] for p in fixed)
-        ints = {"rank": np.full(n, rank, np.int64), "record_id": _ints(c["record_id"], -1),
-                "cseq": _ints(c["collective_seq_id"], -1),
-                "created": _ints(c["time_created_ns"], -1),        # -1: no time (the analyses then say none)
-                "started": _ints(c["time_discovered_started_ns"], 0),
-                "completed_ns": _ints(c["time_discovered_completed_ns"], 0), "timeout_ms": _ints(c["timeout_ms"], -1)}
+        ints = {"rank": np.full(n, rank, np.int64), "record_id": field_ints(c["record_id"], -1),
+                "cseq": field_ints(c["collective_seq_id"], -1),
+                "created": field_ints(c["time_created_ns"], -1),        # -1: no time (the analyses then say none)
+                "started": field_ints(c["time_discovered_started_ns"], 0),
+                "completed_ns": field_ints(c["time_discovered_completed_ns"], 0), "timeout_ms": field_ints(c["timeout_ms"], -1)}
         flags = c["is_p2p"]
         try:
             plain = set(map(type, set(flags))) <= {bool, type(None)}      # as torch writes it
         except TypeError:                                                # an unhashable flag
             plain = False
-        is_p2p = _objects(flags).astype(bool) if plain else np.array([bool(v) for v in flags], dtype=bool)
+        is_p2p = object_array(flags).astype(bool) if plain else np.array([bool(v) for v in flags], dtype=bool)
         tables = self._tables
         coded: dict[str, tuple[np.ndarray, dict[Any, int]]] = {}
         for key, vals in (("pg_name", pg_name), ("pg_desc", pg_desc), ("pname", c["profiling_name"]),
@@ -231,7 +231,7 @@ class Entries:
         if shapes is not None:
             coded["size_text"], coded["dtype_text"], ints["nbytes"] = shapes
         else:
-            texts = _size_texts(sizes) if fast else [_size_text(sz) for sz in sizes]
+            texts = _size_texts(sizes) if fast else [size_text(sz) for sz in sizes]
             coded["size_text"] = tables["size_text"].codes(texts)
             coded["dtype_text"], ints["nbytes"] = self._dtypes_and_bytes(texts, coded["size_text"][0], sizes, dts,
                                                                          fast)
@@ -290,11 +290,11 @@ class Entries:
             sz, dt = sizes[i], dts[i]
             if _holds_set(sz) or _holds_set(dt):
                 return None
-            text = _size_text(sz)
-            key = (text, _text(dt) if not isinstance(dt, (list, tuple)) else _size_text(dt))
+            text = size_text(sz)
+            key = (text, field_text(dt) if not isinstance(dt, (list, tuple)) else size_text(dt))
             hit = cache.get(key)
             if hit is None:
-                hit = cache[key] = _dtype_and_bytes(sz, tuple(dt) if isinstance(dt, (list, tuple)) else (dt,))
+                hit = cache[key] = dtype_and_bytes(sz, tuple(dt) if isinstance(dt, (list, tuple)) else (dt,))
             size_texts.append(text)
             names.append(hit[0])
             nbytes.append(hit[1])
@@ -329,10 +329,10 @@ class Entries:
         hits = []
         for i in firsts.tolist():
             text, sz, dt = texts[i], sizes[i], dts[i]
-            key = (text, _text(dt) if not isinstance(dt, (list, tuple)) else _size_text(dt))
+            key = (text, field_text(dt) if not isinstance(dt, (list, tuple)) else size_text(dt))
             hit = cache.get(key)
             if hit is None:
-                hit = cache[key] = _dtype_and_bytes(sz, tuple(dt) if isinstance(dt, (list, tuple)) else (dt,))
+                hit = cache[key] = dtype_and_bytes(sz, tuple(dt) if isinstance(dt, (list, tuple)) else (dt,))
             hits.append(hit)
         # the names coded per pair, the pairs taken in order of their first entry: the table then numbers the
         # names in order of first appearance over the entries, as coding the per-entry list would

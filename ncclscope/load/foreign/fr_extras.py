@@ -17,7 +17,7 @@ from ncclscope.load.foreign.vocab import events_table
 DUMP_MARKER = "flight_recorder_dump"
 
 
-def _dump_markers(stats: dict[int, tuple[int, int, int, int, int]], files: dict[int, tuple[Path, str]],
+def dump_markers(stats: dict[int, tuple[int, int, int, int, int]], files: dict[int, tuple[Path, str]],
                   present: set[int]) -> pa.Table:
     """One marker row per rank at its dump file's mtime: when the dump was taken, so a
     waiter's "waiting since" has an end. Dumps carry no timestamp of their own; an mtime
@@ -42,7 +42,7 @@ def _dump_markers(stats: dict[int, tuple[int, int, int, int, int]], files: dict[
                         len(rows["rank"]))
 
 
-def _stacks(ents: Entries, pending: np.ndarray, op_names: list[str], op: np.ndarray, labels: list[str],
+def pending_stacks(ents: Entries, pending: np.ndarray, op_names: list[str], op: np.ndarray, labels: list[str],
             label: np.ndarray, peer: np.ndarray, p2p_seq: np.ndarray, is_p2p: np.ndarray) -> dict[int, str]:
     """Per rank: the recorded stacks of its in-flight ops (newest last, at most 4)."""
     out: dict[int, str] = {}

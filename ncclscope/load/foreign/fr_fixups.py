@@ -4,9 +4,9 @@
 - the global peer of a p2p entry from its profiling name ("send 0->1" names
   group-local ranks);
 - completion of gloo collectives, whose state never leaves `scheduled`
-  (`_infer_gloo`);
+  (`infer_gloo`);
 - p2p sequence numbers aligned between the two sides of a pair when a ring
-  buffer wrapped (`_p2p_sequences`).
+  buffer wrapped (`p2p_sequences`).
 """
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ncclscope.load.foreign.fr_read import _int
+from ncclscope.load.foreign.fr_read import field_int
 from ncclscope.load.foreign.vocab import normalize_op, parse_ranks
 
 
 # --------------------------------------------------------------------------
 # Groups
 # --------------------------------------------------------------------------
-def _group_members(pair_rank: list[int], pair_pg: list[str], pair_desc: list[str], dumps: dict[int, dict[str, Any]],
+def group_members(pair_rank: list[int], pair_pg: list[str], pair_desc: list[str], dumps: dict[int, dict[str, Any]],
                    world: int, warnings: list[str]) -> list[tuple[int, ...]]:
     """Members of each distinct (rank, pg_name): from pg_config where it lists them
     (this rank's view, else the view most ranks wrote), else rebuilt from the
@@ -47,7 +47,7 @@ def _group_members(pair_rank: list[int], pair_pg: list[str], pair_desc: list[str
         desc_of.setdefault(pg, desc)
     rebuilt = {pg: u for pg, u in users.items() if pg not in votes
                and not (desc_of[pg] == "default_pg" or (pg == "0" and desc_of[pg] in ("", "undefined")))}
-    completed = _complete_groups(rebuilt, set(dumps), world)
+    completed = complete_groups(rebuilt, set(dumps), world)
     world = max([world] + [max(m) + 1 for m in completed.values()])
     out: list[tuple[int, ...]] = []
     reconstructed = set()
@@ -72,7 +72,7 @@ def _group_members(pair_rank: list[int], pair_pg: list[str], pair_desc: list[str
     return out
 
 
-def _complete_groups(users: dict[str, set[int]], present: set[int], world: int = 0) -> dict[str, tuple[int, ...]]:
+def complete_groups(users: dict[str, set[int]], present: set[int], world: int = 0) -> dict[str, tuple[int, ...]]:
     """Rebuilt groups that lack a rank with no dump, completed from the mesh's structure.
 
     A group rebuilt from the entries holds only ranks that left a dump. On a mesh, the
@@ -120,21 +120,21 @@ def _complete_groups(users: dict[str, set[int]], present: set[int], world: int =
     return out
 
 
-def _parse_profiling_name(name: str) -> tuple[str, str, str]:
+def parse_profiling_name(name: str) -> tuple[str, str, str]:
     """"nccl:send 0->1" -> ("nccl", "send", "0->1")."""
     backend, _, body = name.partition(":") if ":" in name else ("", "", name)
     return backend, normalize_op(body), body.partition(" ")[2]
 
 
-def _peer(meta: str, direction: str, rank: int, members: tuple[int, ...]) -> int:
+def peer_of(meta: str, direction: str, rank: int, members: tuple[int, ...]) -> int:
     """Global peer rank of a p2p entry: "send 0->1" / "recv 1<-0" name group-local ranks."""
     local = -1
     if "->" in meta:                                  # src->dst
         a, b = meta.split("->", 1)
-        local = _int(b.strip()) if direction == "send" else _int(a.strip())
+        local = field_int(b.strip()) if direction == "send" else field_int(a.strip())
     elif "<-" in meta:                                # dst<-src
         a, b = meta.split("<-", 1)
-        local = _int(b.strip()) if direction == "recv" else _int(a.strip())
+        local = field_int(b.strip()) if direction == "recv" else field_int(a.strip())
     if local >= 0:
         ordered = sorted(members)
         return ordered[local] if local < len(ordered) else local
@@ -146,7 +146,7 @@ def _peer(meta: str, direction: str, rank: int, members: tuple[int, ...]) -> int
 # --------------------------------------------------------------------------
 # Completion on gloo
 # --------------------------------------------------------------------------
-def _infer_gloo(rank: np.ndarray, thread: np.ndarray, record: np.ndarray, created: np.ndarray, label: np.ndarray,
+def infer_gloo(rank: np.ndarray, thread: np.ndarray, record: np.ndarray, created: np.ndarray, label: np.ndarray,
                 seq: np.ndarray, op: np.ndarray, members: list[tuple[int, ...]], present: set[int],
                 first_seq: dict[tuple[int, int], int], wrapped: set[int]) -> tuple[np.ndarray, np.ndarray]:
     """(completed, end_ns) for gloo collective entries, whose state never leaves `scheduled`.
@@ -242,7 +242,7 @@ def _best_shift(t_send: np.ndarray, t_recv: np.ndarray) -> int | None:
     return min(scored)[1] if scored else None
 
 
-def _p2p_sequences(rank: np.ndarray, record: np.ndarray, is_send: np.ndarray, peer: np.ndarray, ended: np.ndarray,
+def p2p_sequences(rank: np.ndarray, record: np.ndarray, is_send: np.ndarray, peer: np.ndarray, ended: np.ndarray,
                    end_ns: np.ndarray, created: np.ndarray, wrapped: set[int], first_created: dict[int, int],
                    warnings: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """(p2p_seq_id, keep) for p2p entries: the k-th op of a rank in a direction

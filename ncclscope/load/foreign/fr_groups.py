@@ -8,7 +8,7 @@ from typing import Any
 from ncclscope.load.foreign.vocab import group_kind, parse_ranks
 
 
-def _group_rows(labels: list[str], members: list[tuple[int, ...]], info: list[tuple[str, str]], present: set[int],
+def build_group_rows(labels: list[str], members: list[tuple[int, ...]], info: list[tuple[str, str]], present: set[int],
                 backend_of: dict[str, str]) -> list[dict[str, Any]]:
     """Group table rows: every present member's view (all alike: FR has one view per group)."""
     order = sorted(range(len(labels)), key=lambda i: (_order_key(info[i][0]), labels[i]))
@@ -23,7 +23,7 @@ def _group_rows(labels: list[str], members: list[tuple[int, ...]], info: list[tu
     return rows
 
 
-def _config_disagreements(dumps: dict[int, dict[str, Any]], taken: set[str], used: set[str]) -> list[dict[str, Any]]:
+def config_disagreements(dumps: dict[int, dict[str, Any]], taken: set[str], used: set[str]) -> list[dict[str, Any]]:
     """Each rank's own pg_config view of the groups no op label names: groups created but never
     used (a job that stopped before using them), and groups whose member lists differ between ranks'
     dumps (same name, different members: the ranks created their groups differently; op labels

@@ -6,7 +6,7 @@ What it does changes no value any analysis reads (the trace after it is value fo
 (Fixing glibc's mmap threshold so that freed column temporaries left the resident set is gone: every
 mapped block was fresh pages to fault in, 1.01 M page faults against 0.31 M at 1,024 ranks, ~1.5-3 s
 of CPU, for 30-60 MiB of peak; the heap now reuses the freed temporaries. Sharing the ops columns with
-the begin rows is no longer done here: every trace's loader does it, `columns._Columns.frame(lead=...)`.)
+the begin rows is no longer done here: every trace's loader does it, `columns.Columns.frame(lead=...)`.)
 
 - `share_equal_columns`: a dump records no steps, microbatches, stages or chunks and no clock offsets,
   so `step`, `microbatch`, `stage` and `chunk` are one array of -1 four times over (`t_ns` is

@@ -155,12 +155,12 @@ def read_dump(path: Path, fmt: str | None = None, buffer: DumpBuffer | None = No
 # --------------------------------------------------------------------------
 # Field helpers (fr_entries.Entries uses them)
 # --------------------------------------------------------------------------
-def _int(value: Any, default: int = -1) -> int:
+def field_int(value: Any, default: int = -1) -> int:
     """An int64 from a dump field (None, junk, inf, 10**30 -> default)."""
     return safe_io.to_int(value, default)
 
 
-def _text(value: Any) -> str:
+def field_text(value: Any) -> str:
     """A dump's string field as a str, whatever the dump put there."""
     if type(value) is str:
         return value
@@ -191,18 +191,18 @@ def call_site(frames: Any) -> str:
     for fr in frames:
         if isinstance(fr, dict):
             fn = fr.get("filename", "")
-            fn = fn if type(fn) is str else _text(fn)
+            fn = fn if type(fn) is str else field_text(fn)
             if not _is_library(fn):
-                return _site(fn, _int(fr.get("line"), 0))
+                return _site(fn, field_int(fr.get("line"), 0))
     return ""
 
 
 @functools.lru_cache(maxsize=65536)
 def _site(filename: str, line: Any) -> str:
-    return f"{_short_path(filename)}:{_int(line, 0)}"
+    return f"{_short_path(filename)}:{field_int(line, 0)}"
 
 
-def _objects(values: Any) -> np.ndarray:
+def object_array(values: Any) -> np.ndarray:
     """A 1-d object array of `values` (tuples stay elements, not rows)."""
     arr = np.empty(len(values), dtype=object)
     arr[:] = values
@@ -216,12 +216,12 @@ def format_stack(frames: Any) -> str:
     lines = []
     for fr in reversed(frames):
         if isinstance(fr, dict):
-            lines.append(f'  File "{_text(fr.get("filename", "?"))}", line {_int(fr.get("line"), 0)}, '
-                         f'in {_text(fr.get("name", "?"))}')
+            lines.append(f'  File "{field_text(fr.get("filename", "?"))}", line {field_int(fr.get("line"), 0)}, '
+                         f'in {field_text(fr.get("name", "?"))}')
     return safe_io.clean_text("\n".join(lines) + "\n") if lines else "  (no frames recorded)\n"
 
 
-def _ints(values: list[Any] | tuple[Any, ...], default: int) -> np.ndarray:
+def field_ints(values: list[Any] | tuple[Any, ...], default: int) -> np.ndarray:
     """Ints (None / junk -> default) as int64; fast when they are ints or None."""
     try:
         return np.array(values, dtype=np.int64)
@@ -231,10 +231,10 @@ def _ints(values: list[Any] | tuple[Any, ...], default: int) -> np.ndarray:
         with np.errstate(invalid="ignore"):     # inf / huge floats raise below and take the slow path
             return pd.array(list(values), dtype="Int64").fillna(default).to_numpy(np.int64)
     except (TypeError, ValueError, OverflowError):
-        return np.array([_int(v, default) for v in values], dtype=np.int64)
+        return np.array([field_int(v, default) for v in values], dtype=np.int64)
 
 
-def _factorize(values: list[Any]) -> tuple[np.ndarray, list[str]]:
+def factorize_texts(values: list[Any]) -> tuple[np.ndarray, list[str]]:
     """Codes and distinct strings of a list of str-ish values (None -> ""), each
     distinct string safe to write (no lone surrogates)."""
     arr = np.empty(len(values), dtype=object)
@@ -243,7 +243,7 @@ def _factorize(values: list[Any]) -> tuple[np.ndarray, list[str]]:
     return codes.astype(np.int64), ["" if u is None else safe_io.clean_text(u) for u in uniq]
 
 
-def _size_text(sz: Any) -> str:
+def size_text(sz: Any) -> str:
     """input_sizes as text (the key that groups identical shapes)."""
     if type(sz) is list:
         try:
@@ -253,11 +253,11 @@ def _size_text(sz: Any) -> str:
     try:
         return json.dumps(sz, default=str)
     except (ValueError, TypeError, RecursionError):   # a circular or exotic value
-        return _text(sz)
+        return field_text(sz)
 
 
-def _dtype_and_bytes(sz: Any, dt: tuple[Any, ...]) -> tuple[str, int]:
-    names = [normalize_dtype(d) for d in dt if _text(d)]
+def dtype_and_bytes(sz: Any, dt: tuple[Any, ...]) -> tuple[str, int]:
+    names = [normalize_dtype(d) for d in dt if field_text(d)]
     items = [dtype_itemsize(x) for x in names]
     total = 0
     if isinstance(sz, (list, tuple)):
@@ -265,7 +265,7 @@ def _dtype_and_bytes(sz: Any, dt: tuple[Any, ...]) -> tuple[str, int]:
             if isinstance(shape, (list, tuple)):
                 m = 1
                 for d in shape:
-                    m = min(m * max(_int(d, 0), 0), 2**62)
+                    m = min(m * max(field_int(d, 0), 0), 2**62)
                 total = min(total + m * (items[j] if j < len(items) else (items[0] if items else 0)), 2**62)
     # a corrupt or hostile dump must not overflow the int64 column
     return ",".join(dict.fromkeys(names)), min(max(total, 0), 2**62)

@@ -20,8 +20,8 @@ SNIFF_BYTES = 65536
 UNKNOWN_GROUP = "unknown"
 
 # Which events matter, decided from (cat, name) before anything is parsed.
-_C10D_P2P = {"c10d::send": "send", "c10d::recv_": "recv", "c10d::recv_any_source_": "recv"}
-_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+C10D_P2P = {"c10d::send": "send", "c10d::recv_": "recv", "c10d::recv_any_source_": "recv"}
+STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 _MB_RES: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^PP:(?P<stage>\d+)(?P<kind>[FBIW])(?P<mb>\d+)$"), "pp"),
     (re.compile(r"^(?P<kind>Forward|Backward) (?P<mb>\d+)$"), "gpipe"),
@@ -32,7 +32,7 @@ _PP_KIND = {"F": "forward", "B": "backward", "I": "backward_input", "W": "backwa
 _KINETO_LAYOUT = re.compile(rb'\[\s*\n  \{\n    "ph": "')
 
 
-def _microbatch(name: str) -> tuple[str, int, int] | None:
+def microbatch_of(name: str) -> tuple[str, int, int] | None:
     """(compute op name, microbatch, stage) from an annotation name, else None."""
     for rx, style in _MB_RES:
         m = rx.match(name)
@@ -49,8 +49,8 @@ def _interesting(cat: str, name: str) -> bool:
     if cat == "kernel":
         return name.startswith("nccl")
     if cat == "cpu_op":
-        return name in _C10D_P2P or name == "record_param_comms"
-    return (name.startswith(("gloo:", "ProfilerStep#", "nccl:")) or _microbatch(name) is not None)
+        return name in C10D_P2P or name == "record_param_comms"
+    return (name.startswith(("gloo:", "ProfilerStep#", "nccl:")) or microbatch_of(name) is not None)
 
 
 # --------------------------------------------------------------------------
@@ -85,7 +85,7 @@ def trace_files(directory: Path) -> list[Path]:
     return [p for p in entries if not p.name.startswith(".") and safe_io.is_regular(p) and sniff(p)]
 
 
-def _read_bytes(path: Path) -> bytes:
+def read_trace_bytes(path: Path) -> bytes:
     """The (decompressed) trace; TraceError when it cannot be read or is over
     the size limit (a gzip bomb is cut at the limit, not inflated into memory)."""
     limit = safe_io.DUMP_LIMIT
@@ -122,7 +122,7 @@ def rank_from_name(name: str) -> int | None:
 # --------------------------------------------------------------------------
 # Event selection
 # --------------------------------------------------------------------------
-def _header_and_events(text: bytes, path: Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
+def header_and_events(text: bytes, path: Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
     """(top-level fields except traceEvents, the interesting X events)."""
     start = text.find(b'"traceEvents"')
     if start >= 0 and _KINETO_LAYOUT.search(text, start, start + 256):

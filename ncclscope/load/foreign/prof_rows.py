@@ -17,7 +17,7 @@ import pyarrow as pa
 
 from ncclscope.load import safe_io
 from ncclscope import schema as S
-from ncclscope.load.foreign.prof_read import _C10D_P2P, _STEP_RE, UNKNOWN_GROUP, _microbatch
+from ncclscope.load.foreign.prof_read import C10D_P2P, STEP_RE, UNKNOWN_GROUP, microbatch_of
 from ncclscope.load.foreign.vocab import P2P_OPS, GroupNamer, dtype_itemsize, events_table, normalize_dtype, normalize_op, parse_ranks
 
 # --------------------------------------------------------------------------
@@ -32,7 +32,7 @@ _REDOPS = {"sum": "sum", "prod": "product", "max": "max", "min": "min", "avg": "
 
 
 @functools.lru_cache(maxsize=4096)
-def _kernel_info(name: str) -> tuple[str, str, str]:
+def kernel_info(name: str) -> tuple[str, str, str]:
     """(op, reduce_op, dtype) from an NCCL kernel name, e.g.
     ncclDevKernel_AllReduce_Sum_f32_RING_LL -> all_reduce, sum, float32."""
     m = _KERNEL_RE.match(name)
@@ -49,7 +49,7 @@ def _kernel_info(name: str) -> tuple[str, str, str]:
     return op, redop, dtype
 
 
-def _num(v: Any, default: float = -1.0) -> float:
+def to_number(v: Any, default: float = -1.0) -> float:
     """A finite float with |x| <= 1e18 from a trace field, else `default`."""
     return safe_io.to_float(v, default, 1e18)
 
@@ -75,7 +75,7 @@ def _dims_bytes(dims: Any, types: Any) -> tuple[str, str, int]:
     return json.dumps(shapes), ",".join(dict.fromkeys(tys)), total
 
 
-def _rank_rows(header: dict[str, Any], events: Iterator[dict[str, Any]], base_ns: int) -> dict[str, Any]:
+def rank_rows(header: dict[str, Any], events: Iterator[dict[str, Any]], base_ns: int) -> dict[str, Any]:
     """Pull the rows of one rank's trace out of its interesting events."""
     comm: list[dict[str, Any]] = []
     steps: list[tuple[int, int, int, bool]] = []          # (start_ns, end_ns, step, on_gpu)
@@ -86,13 +86,13 @@ def _rank_rows(header: dict[str, Any], events: Iterator[dict[str, Any]], base_ns
     pid: Any = None
 
     def ns(ts: Any) -> int:
-        return _clamp(base_ns + int(round(_num(ts, 0.0) * 1000.0)))
+        return _clamp(base_ns + int(round(to_number(ts, 0.0) * 1000.0)))
 
     for ev in events:
         cat, name = str(ev.get("cat", "")), str(ev.get("name", ""))
         args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
         t0 = ns(ev.get("ts"))
-        t1 = _clamp(t0 + int(round(max(_num(ev.get("dur"), 0.0), 0.0) * 1000.0)))
+        t1 = _clamp(t0 + int(round(max(to_number(ev.get("dur"), 0.0), 0.0) * 1000.0)))
         if cat == "kernel":
             kernels += 1
             comm.append({"src": "kernel", "name": name, "args": args, "start": t0, "end": t1,
@@ -104,13 +104,13 @@ def _rank_rows(header: dict[str, Any], events: Iterator[dict[str, Any]], base_ns
                                     "tid": ev.get("tid")})
             else:
                 conc = args.get("Concrete Inputs") if isinstance(args.get("Concrete Inputs"), list) else []
-                peer = int(_num(conc[2], -1)) if len(conc) > 2 else -1
-                tag = int(_num(conc[3], 0)) if len(conc) > 3 else 0
-                p2p_calls.append((ev.get("tid"), t0, _C10D_P2P[name], peer, tag))
+                peer = int(to_number(conc[2], -1)) if len(conc) > 2 else -1
+                tag = int(to_number(conc[3], 0)) if len(conc) > 3 else 0
+                p2p_calls.append((ev.get("tid"), t0, C10D_P2P[name], peer, tag))
                 pid = pid if pid is not None else ev.get("pid")
             continue
         gpu = cat == "gpu_user_annotation"
-        m = _STEP_RE.match(name)
+        m = STEP_RE.match(name)
         if m:
             steps.append((t0, t1, safe_io.to_int(m.group(1), -1, 0, 2**31 - 1), gpu))
             if not gpu:
@@ -120,7 +120,7 @@ def _rank_rows(header: dict[str, Any], events: Iterator[dict[str, Any]], base_ns
             if name.startswith("gloo:") and not gpu:
                 comm.append({"src": "gloo", "name": name, "args": args, "start": t0, "end": t1, "tid": ev.get("tid")})
             continue
-        mb = _microbatch(name)
+        mb = microbatch_of(name)
         if mb is not None:
             mbs.append((t0, t1, mb[0], mb[1], mb[2], gpu))
     if kernels == 0 and param_comms:
@@ -141,129 +141,134 @@ def _containing(starts: np.ndarray, spans: list[tuple[int, int, Any]]) -> np.nda
     return np.where(ok, i, -1)
 
 
-def _comm_table(rank: int, rows: dict[str, Any], namer: GroupNamer, gloo_group: Any, world: int,
-                views: list[tuple[str, str, tuple[int, ...] | None, str]]) -> pa.Table:
-    comm = rows["comm"]
-    n = len(comm)
-    cols: dict[str, list[Any]] = {k: [] for k in ("kind", "op_name", "process_group", "peer", "tag",
-                                                  "bytes", "input_dtypes", "input_sizes", "reduce_op", "start", "end",
-                                                  "gpu", "explicit_seq")}
-    calls = sorted(rows["p2p_calls"], key=lambda c: c[1])
-    call_t = np.array([c[1] for c in calls], np.int64)
+_COMM_COLUMNS = ("kind", "op_name", "process_group", "explicit_seq", "peer", "tag", "bytes", "input_dtypes",
+                 "input_sizes", "reduce_op", "start", "end", "gpu")
+
+
+class _GlooCalls:
+    """The c10d send/recv calls of one rank, by time: a gloo p2p annotation's peer and tag come from the
+    call that issued it (same thread, just before), mapped to global ranks through the group's members."""
+
+    def __init__(self, rows: dict[str, Any], gloo_group: Any) -> None:
+        self.calls = sorted(rows["p2p_calls"], key=lambda c: c[1])
+        self.call_t = np.array([c[1] for c in self.calls], np.int64)
+        self.members = sorted(gloo_group[2]) if gloo_group is not None and gloo_group[2] else None
+
+    def peer_and_tag(self, c: dict[str, Any], op: str, rank: int, world: int) -> tuple[int, int]:
+        peer, tag = -1, 0
+        calls = self.calls
+        i = int(np.searchsorted(self.call_t, c["start"], side="right")) - 1
+        # the c10d call that issued it, on the same thread, just before
+        while i >= 0 and calls[i][0] != c["tid"]:
+            i -= 1
+        if i >= 0 and calls[i][2] == ("send" if op.endswith("send") else "recv"):
+            peer, tag = calls[i][3], calls[i][4]
+            if self.members and 0 <= peer < len(self.members):
+                peer = self.members[peer]
+        if peer < 0 and world == 2:
+            peer = 1 - rank
+        return peer, tag
+
+
+def _gloo_row(c: dict[str, Any], rank: int, world: int, group: str, calls: _GlooCalls) -> tuple[Any, ...]:
+    """A `gloo:*` annotation as (op, group, seq, peer, tag, bytes, dtype, sizes, reduce op, gpu)."""
+    a = c["args"]
+    op = normalize_op(c["name"])
+    sizes, dtype, nbytes = _dims_bytes(a.get("Input Dims"), a.get("Input type"))
+    peer, tag = calls.peer_and_tag(c, op, rank, world) if op in P2P_OPS else (-1, -1)
+    return op, group, -1, peer, tag, nbytes, dtype, sizes, "", False
+
+
+def _nccl_row(c: dict[str, Any], rank: int, namer: GroupNamer, labels: dict[tuple[str, str, str], str],
+              views: list[tuple[str, str, tuple[int, ...] | None, str]]) -> tuple[Any, ...]:
+    """An NCCL kernel (or record_param_comms op) as `_gloo_row`'s tuple: op, dtype and size from its args
+    (else from the kernel's name), its group from the args' pg name (else the rank's only group)."""
+    a = c["args"]
+    k_op, redop, k_dtype = kernel_info(c["name"]) if c["src"] == "kernel" else ("", "", "")
+    op = normalize_op(a.get("Collective name")) if a.get("Collective name") else k_op
+    dtype = normalize_dtype(a.get("dtype")) if a.get("dtype") else k_dtype
+    nel = to_number(a.get("In msg nelems"), -1)
+    nbytes = _clamp(int(nel * dtype_itemsize(dtype)), 0) if nel >= 0 else 0
+    sizes = json.dumps([[int(nel)]]) if nel >= 0 else "[]"
+    if "Process Group Name" in a:
+        key = (str(a.get("Process Group Name", "")), str(a.get("Process Group Description", "")),
+               str(a.get("Process Group Ranks")))
+        group = labels.get(key)
+        if group is None:
+            group = labels[key] = namer(key[0], key[1], parse_ranks(a.get("Process Group Ranks")))
+    elif len(views) == 1:
+        group = namer(views[0][0], views[0][1], views[0][2])
+    else:
+        group = UNKNOWN_GROUP
+    seq = int(to_number(a.get("Seq"), -1))
+    members = parse_ranks(a.get("Process Group Ranks"))
+    peer, tag = -1, -1
+    if op in P2P_OPS:
+        tag = 0
+        raw = a.get("Dst Rank") if op.endswith("send") else a.get("Src Rank")
+        peer = int(to_number(raw, -1))
+        if members and 0 <= peer < len(members) and rank in members and members != tuple(range(len(members))):
+            peer = members[peer]
+        if peer < 0 and members and len(members) == 2 and rank in members:
+            peer = members[0] if members[1] == rank else members[1]
+    return op, group, seq, peer, tag, nbytes, dtype, sizes, redop, c["src"] == "kernel"
+
+
+def _comm_frame(rank: int, rows: dict[str, Any], namer: GroupNamer, gloo_group: Any, world: int,
+                views: list[tuple[str, str, tuple[int, ...] | None, str]], mbs: list[Any]) -> pd.DataFrame:
+    """One row per comm op, then one per microbatch annotation (compute), in start order, with op ids."""
+    cols: dict[str, list[Any]] = {k: [] for k in _COMM_COLUMNS}
+    calls = _GlooCalls(rows, gloo_group)
     gloo_label = namer(*gloo_group) if gloo_group is not None else UNKNOWN_GROUP
     labels: dict[tuple[str, str, str], str] = {}
-    members_of_gloo = sorted(gloo_group[2]) if gloo_group is not None and gloo_group[2] else None
-    for c in comm:
-        a = c["args"]
-        if c["src"] == "gloo":
-            op = normalize_op(c["name"])
-            sizes, dtype, nbytes = _dims_bytes(a.get("Input Dims"), a.get("Input type"))
-            group, redop, seq, peer, tag = gloo_label, "", -1, -1, -1
-            if op in P2P_OPS:
-                tag = 0
-                i = int(np.searchsorted(call_t, c["start"], side="right")) - 1
-                # the c10d call that issued it, on the same thread, just before
-                while i >= 0 and calls[i][0] != c["tid"]:
-                    i -= 1
-                if i >= 0 and calls[i][2] == ("send" if op.endswith("send") else "recv"):
-                    peer, tag = calls[i][3], calls[i][4]
-                    if members_of_gloo and 0 <= peer < len(members_of_gloo):
-                        peer = members_of_gloo[peer]
-                if peer < 0 and world == 2:
-                    peer = 1 - rank
-            gpu = False
-        else:
-            k_op, redop, k_dtype = _kernel_info(c["name"]) if c["src"] == "kernel" else ("", "", "")
-            op = normalize_op(a.get("Collective name")) if a.get("Collective name") else k_op
-            dtype = normalize_dtype(a.get("dtype")) if a.get("dtype") else k_dtype
-            nel = _num(a.get("In msg nelems"), -1)
-            nbytes = _clamp(int(nel * dtype_itemsize(dtype)), 0) if nel >= 0 else 0
-            sizes = json.dumps([[int(nel)]]) if nel >= 0 else "[]"
-            if "Process Group Name" in a:
-                key = (str(a.get("Process Group Name", "")), str(a.get("Process Group Description", "")),
-                       str(a.get("Process Group Ranks")))
-                group = labels.get(key)
-                if group is None:
-                    group = labels[key] = namer(key[0], key[1], parse_ranks(a.get("Process Group Ranks")))
-            elif len(views) == 1:
-                group = namer(views[0][0], views[0][1], views[0][2])
-            else:
-                group = UNKNOWN_GROUP
-            seq = int(_num(a.get("Seq"), -1))
-            members = parse_ranks(a.get("Process Group Ranks"))
-            peer, tag = -1, -1
-            if op in P2P_OPS:
-                tag = 0
-                raw = a.get("Dst Rank") if op.endswith("send") else a.get("Src Rank")
-                peer = int(_num(raw, -1))
-                if members and 0 <= peer < len(members) and rank in members and members != tuple(range(len(members))):
-                    peer = members[peer]
-                if peer < 0 and members and len(members) == 2 and rank in members:
-                    peer = members[0] if members[1] == rank else members[1]
-            gpu = c["src"] == "kernel"
-        cols["kind"].append(S.KIND_P2P if op in P2P_OPS else S.KIND_COLLECTIVE)
-        cols["op_name"].append(op)
-        cols["process_group"].append(group)
-        cols["explicit_seq"].append(seq)
-        cols["peer"].append(peer)
-        cols["tag"].append(tag)
-        cols["bytes"].append(nbytes)
-        cols["input_dtypes"].append(dtype)
-        cols["input_sizes"].append(sizes)
-        cols["reduce_op"].append(redop)
-        cols["start"].append(c["start"])
-        cols["end"].append(c["end"])
-        cols["gpu"].append(gpu)
-
-    # compute rows from microbatch annotations (CPU ones; GPU copies only if there are no CPU ones)
-    mbs = [m for m in rows["mbs"] if not m[5]] or [m for m in rows["mbs"] if m[5]]
+    for c in rows["comm"]:
+        row = (_gloo_row(c, rank, world, gloo_label, calls) if c["src"] == "gloo"
+               else _nccl_row(c, rank, namer, labels, views))
+        op = row[0]
+        for k, v in zip(_COMM_COLUMNS, (S.KIND_P2P if op in P2P_OPS else S.KIND_COLLECTIVE,) + row[:-1]
+                        + (c["start"], c["end"], row[-1])):
+            cols[k].append(v)
     for t0, t1, op, mb, stage, gpu in mbs:
-        cols["kind"].append(S.KIND_COMPUTE)
-        cols["op_name"].append(op)
-        cols["process_group"].append("")
-        cols["explicit_seq"].append(-1)
-        cols["peer"].append(-1)
-        cols["tag"].append(-1)
-        cols["bytes"].append(0)
-        cols["input_dtypes"].append("")
-        cols["input_sizes"].append("")
-        cols["reduce_op"].append("")
-        cols["start"].append(t0)
-        cols["end"].append(t1)
-        cols["gpu"].append(gpu)
+        for k, v in zip(_COMM_COLUMNS, (S.KIND_COMPUTE, op, "", -1, -1, -1, 0, "", "", "", t0, t1, gpu)):
+            cols[k].append(v)
     df = pd.DataFrame(cols)
-    n = len(df)
-    if n == 0:
-        return S.EVENTS_SCHEMA.empty_table()
-    df = df.sort_values(["start", "end"], kind="stable").reset_index(drop=True)
-    df["op_id"] = np.arange(1, n + 1)
+    if len(df):
+        df = df.sort_values(["start", "end"], kind="stable").reset_index(drop=True)
+        df["op_id"] = np.arange(1, len(df) + 1)
+    return df
 
-    # sequence numbers: per group in start order where the trace gives none
+
+def _sequences(df: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(collective_seq_id, p2p_seq_id): per group in start order where the trace gives none; per
+    (direction, peer) for p2p."""
+    n = len(df)
     is_coll = (df["kind"] == S.KIND_COLLECTIVE).to_numpy()
     seq = df["explicit_seq"].to_numpy().copy()
     counted = df[is_coll].groupby("process_group", sort=False).cumcount().to_numpy() + 1
-    coll_seq = np.where(seq[is_coll] >= 0, seq[is_coll], counted)
     cseq = np.full(n, -1, np.int64)
-    cseq[is_coll] = coll_seq
+    cseq[is_coll] = np.where(seq[is_coll] >= 0, seq[is_coll], counted)
     is_p2p = (df["kind"] == S.KIND_P2P).to_numpy()
     pseq = np.full(n, -1, np.int64)
     if is_p2p.any():
         sub = df[is_p2p]
         direction = np.where(sub["op_name"].str.endswith("send"), "send", "recv")
         pseq[is_p2p] = sub.assign(_d=direction).groupby(["_d", "peer"], sort=False).cumcount().to_numpy() + 1
+    return cseq, pseq
 
-    # step / microbatch / stage by containment
+
+def _containment(df: pd.DataFrame, steps: list[Any], mbs: list[Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(step, microbatch, stage) of each row: those of the ProfilerStep / microbatch span holding its start."""
+    n = len(df)
     starts = df["start"].to_numpy()
     gpu = df["gpu"].to_numpy()
     step = np.full(n, -1, np.int64)
-    cpu_steps = sorted((s for s in rows["steps"] if not s[3]), key=lambda s: s[0])
-    gpu_steps = sorted((s for s in rows["steps"] if s[3]), key=lambda s: s[0]) or cpu_steps
+    cpu_steps = sorted((s for s in steps if not s[3]), key=lambda s: s[0])
+    gpu_steps = sorted((s for s in steps if s[3]), key=lambda s: s[0]) or cpu_steps
     for spans, mask in ((cpu_steps, ~gpu), (gpu_steps, gpu)):
         idx = _containing(starts[mask], spans)
         step[mask] = np.where(idx >= 0, np.array([s[2] for s in spans] or [-1])[np.clip(idx, 0, None)], -1)
     microbatch = np.full(n, -1, np.int64)
     stage = np.full(n, -1, np.int64)
-    is_comp = (df["kind"] == S.KIND_COMPUTE).to_numpy()
     spans_mb = sorted(((m[0], m[1], m[3], m[4]) for m in mbs), key=lambda s: s[0])
     if spans_mb:
         idx = _containing(starts, spans_mb)
@@ -271,6 +276,20 @@ def _comm_table(rank: int, rows: dict[str, Any], namer: GroupNamer, gloo_group: 
         st_arr = np.array([s[3] for s in spans_mb])
         microbatch = np.where(idx >= 0, mb_arr[np.clip(idx, 0, None)], -1)
         stage = np.where(idx >= 0, st_arr[np.clip(idx, 0, None)], -1)
+    return step, microbatch, stage
+
+
+def comm_table(rank: int, rows: dict[str, Any], namer: GroupNamer, gloo_group: Any, world: int,
+               views: list[tuple[str, str, tuple[int, ...] | None, str]]) -> pa.Table:
+    """One rank's begin and end rows (events schema): its comm ops, and compute rows from its microbatch
+    annotations (the CPU ones; the GPU copies only where there are no CPU ones)."""
+    mbs = [m for m in rows["mbs"] if not m[5]] or [m for m in rows["mbs"] if m[5]]
+    df = _comm_frame(rank, rows, namer, gloo_group, world, views, mbs)
+    n = len(df)
+    if n == 0:
+        return S.EVENTS_SCHEMA.empty_table()
+    cseq, pseq = _sequences(df)
+    step, microbatch, stage = _containment(df, rows["steps"], mbs)
     cols_out = {
         "rank": rank, "op_id": df["op_id"].to_numpy(), "kind": df["kind"].to_numpy(object),
         "op_name": df["op_name"].to_numpy(object), "process_group": df["process_group"].to_numpy(object),
@@ -279,13 +298,12 @@ def _comm_table(rank: int, rows: dict[str, Any], namer: GroupNamer, gloo_group: 
         "input_sizes": df["input_sizes"].to_numpy(object), "reduce_op": df["reduce_op"].to_numpy(object),
         "step": step, "microbatch": microbatch, "stage": stage,
     }
-    del is_comp
-    begin = events_table({**cols_out, "phase": S.PHASE_BEGIN, "time_ns": starts}, n)
+    begin = events_table({**cols_out, "phase": S.PHASE_BEGIN, "time_ns": df["start"].to_numpy()}, n)
     end = events_table({**cols_out, "phase": S.PHASE_END, "time_ns": df["end"].to_numpy(), "status": S.STATUS_OK}, n)
     return pa.concat_tables([begin, end])
 
 
-def _metrics_table(rank: int, steps: list[tuple[int, int, int, bool]]) -> pa.Table:
+def metrics_table(rank: int, steps: list[tuple[int, int, int, bool]]) -> pa.Table:
     cpu = sorted((s for s in steps if not s[3]), key=lambda s: s[0]) or sorted(steps, key=lambda s: s[0])
     n = len(cpu)
     if n == 0:

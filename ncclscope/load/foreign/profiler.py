@@ -33,18 +33,23 @@ from pathlib import Path
 from typing import Any
 
 from ncclscope.load import safe_io
-from ncclscope.load.trace import RankInfo, Trace, TraceError, assemble
-from ncclscope.load.foreign.prof_read import SNIFF_BYTES, UNKNOWN_GROUP, _header_and_events, _read_bytes, rank_from_name, sniff, trace_files
-from ncclscope.load.foreign.prof_rows import _comm_table, _kernel_info, _metrics_table, _num, _rank_rows
+from ncclscope.load.trace import RankInfo, RunInfo, Tables, Trace, TraceError, assemble
+from ncclscope.load.foreign.prof_read import SNIFF_BYTES, UNKNOWN_GROUP, header_and_events, read_trace_bytes, rank_from_name, sniff, trace_files
+from ncclscope.load.foreign.prof_rows import comm_table, metrics_table, rank_rows, to_number
 from ncclscope.load.foreign.vocab import GroupNamer, group_kind, parse_ranks
 
-__all__ = ["load_profiler", "sniff", "trace_files", "rank_from_name", "SNIFF_BYTES", "UNKNOWN_GROUP", "_kernel_info"]
+__all__ = ["load_profiler", "sniff", "trace_files", "rank_from_name", "SNIFF_BYTES", "UNKNOWN_GROUP"]
 
 # --------------------------------------------------------------------------
 # Loader
 # --------------------------------------------------------------------------
+_Parsed = dict[int, tuple[Path, dict[str, Any], dict[str, Any], int]]     # rank -> (file, header, rows, base ns)
+_View = tuple[str, str, "tuple[int, ...] | None", str]                      # (pg name, desc, members, backend)
+
+
 def load_profiler(path: str | Path) -> Trace:
-    """Load a directory of per-rank profiler traces (or one trace file)."""
+    """Load a directory of per-rank profiler traces (or one trace file): read every file, settle the
+    world and the groups, then one comm table and one metrics table per rank into `assemble`."""
     root = Path(path)
     if root.is_dir():
         files = trace_files(root)
@@ -55,15 +60,40 @@ def load_profiler(path: str | Path) -> Trace:
     else:
         raise TraceError(f"{root}: no such file or directory")
     warnings: list[str] = []
-    parsed: dict[int, tuple[Path, dict[str, Any], dict[str, Any], int]] = {}
-    pending: list[tuple[Path, dict[str, Any], dict[str, Any], int]] = []
     cap = safe_io.plausible_world(1, len(files), len(files) - 1)     # no rank or member at or past this
+    parsed = _read_ranks(files, cap, warnings)
+    if not parsed:
+        first = f" ({warnings[0]})" if warnings else ""
+        raise TraceError(f"{root}: no readable profiler trace{first}")
+    world = _world(parsed, len(files), cap, warnings)
+    group_views = {r: _views(header, cap) for r, (_, header, _, _) in parsed.items()}
+    tables, metric_tables, group_rows, ranks = _rank_tables(parsed, group_views, world, warnings)
+    _pipeline_from_annotations(parsed, ranks, group_rows, warnings)
+    for r in range(world):
+        if r not in ranks:
+            ranks[r] = RankInfo(rank=r, present=False)
+            warnings.append(f"rank {r}: no profiler trace; analyzing the other ranks")
+    run = {"source": "torch_profiler", "world_size": world, "files": {str(r): str(v[0]) for r, v in parsed.items()},
+           "backend": ",".join(sorted({b for views in group_views.values() for *_, b in views if b}))}
+    return assemble(root, RunInfo.from_dict(run), world, ranks, Tables(events=tables, metrics=metric_tables, group_rows=group_rows,
+                                                   warnings=warnings))
+
+
+def _dist_info(header: dict[str, Any]) -> dict[str, Any]:
+    return header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+
+
+def _read_ranks(files: list[Path], cap: int, warnings: list[str]) -> _Parsed:
+    """Each file's interesting rows, by rank: `distributedInfo.rank`, else the file name, else (a rank
+    read twice, or none) the lowest free rank, with a warning. A file that cannot be read is skipped."""
+    parsed: _Parsed = {}
+    pending: list[tuple[Path, dict[str, Any], dict[str, Any], int]] = []
     for f in files:
         try:
-            text = _read_bytes(f)
-            header, events = _header_and_events(text, f)
+            text = read_trace_bytes(f)
+            header, events = header_and_events(text, f)
             base_ns = safe_io.to_int(header.get("baseTimeNanoseconds"), 0, -(2**62), 2**62)
-            rows = _rank_rows(header, events, base_ns)
+            rows = rank_rows(header, events, base_ns)
         except TraceError as exc:
             warnings.append(f"{exc}; skipped")
             continue
@@ -71,7 +101,7 @@ def load_profiler(path: str | Path) -> Trace:
             warnings.append(f"{f}: unusable ({type(exc).__name__}: {safe_io.short(exc)}); skipped")
             continue
         del text
-        info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
+        info = _dist_info(header)
         rank = safe_io.to_int(info.get("rank"), -1, 0, cap - 1) if info else -1
         if rank < 0:
             r = rank_from_name(f.name)
@@ -86,36 +116,41 @@ def load_profiler(path: str | Path) -> Trace:
         rank = next(r for r in range(len(parsed) + len(pending) + 1) if r not in parsed)
         warnings.append(f"{f}: no distributedInfo and no rank in the file name; read as rank {rank}")
         parsed[rank] = (f, header, rows, base_ns)
-    if not parsed:
-        first = f" ({warnings[0]})" if warnings else ""
-        raise TraceError(f"{root}: no readable profiler trace{first}")
+    return parsed
 
+
+def _world(parsed: _Parsed, n_files: int, cap: int, warnings: list[str]) -> int:
+    """The world size: the highest rank read + 1, or a plausible declared `world_size` above it."""
     world = max(parsed) + 1
     for _, header, _, _ in parsed.values():
-        info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
-        declared = safe_io.to_int(info.get("world_size"), 0)
+        declared = safe_io.to_int(_dist_info(header).get("world_size"), 0)
         if declared >= cap:
-            warnings.append(f"distributedInfo says world_size {declared} next to {len(files)} trace file(s); "
+            warnings.append(f"distributedInfo says world_size {declared} next to {n_files} trace file(s); "
                             "not believed")
             declared = 0
         world = max(world, declared)
     missing_base = [r for r, v in parsed.items() if v[3] == 0]
     if missing_base and len(parsed) > 1:
         warnings.append(f"ranks {missing_base[:8]}: trace has no baseTimeNanoseconds; times taken as absolute µs")
+    return world
 
-    # groups: distributedInfo pg_config (+ what NCCL kernel args name) -----------------------------
-    group_views: dict[int, list[tuple[str, str, tuple[int, ...] | None, str]]] = {}
-    for r, (_, header, rows, _) in parsed.items():
-        info = header.get("distributedInfo") if isinstance(header.get("distributedInfo"), dict) else {}
-        backend = str(info.get("backend", ""))
-        views = []
-        for pg in info.get("pg_config", []) if isinstance(info.get("pg_config"), list) else []:
-            if isinstance(pg, dict):
-                members = parse_ranks(pg.get("ranks"))
-                if members and max(members) >= cap:
-                    members = None
-                views.append((str(pg.get("pg_name", "")), str(pg.get("pg_desc", "")), members, backend))
-        group_views[r] = views
+
+def _views(header: dict[str, Any], cap: int) -> list[_View]:
+    """One rank's groups from its distributedInfo pg_config (members past `cap` are not believed)."""
+    info = _dist_info(header)
+    backend = str(info.get("backend", ""))
+    views: list[_View] = []
+    for pg in info.get("pg_config", []) if isinstance(info.get("pg_config"), list) else []:
+        if isinstance(pg, dict):
+            members = parse_ranks(pg.get("ranks"))
+            if members and max(members) >= cap:
+                members = None
+            views.append((str(pg.get("pg_name", "")), str(pg.get("pg_desc", "")), members, backend))
+    return views
+
+
+def _namer(parsed: _Parsed, group_views: dict[int, list[_View]]) -> GroupNamer:
+    """Group labels for every group the pg_configs or the NCCL kernels' args name."""
     namer_items = {(g, d, m) for views in group_views.values() for g, d, m, _ in views}
     for r, (_, _, rows, _) in parsed.items():
         for c in rows["comm"]:
@@ -123,8 +158,13 @@ def load_profiler(path: str | Path) -> Trace:
             if "Process Group Name" in a:
                 namer_items.add((str(a.get("Process Group Name", "")), str(a.get("Process Group Description", "")),
                                  parse_ranks(a.get("Process Group Ranks"))))
-    namer = GroupNamer(namer_items)
+    return GroupNamer(namer_items)
 
+
+def _rank_tables(parsed: _Parsed, group_views: dict[int, list[_View]], world: int, warnings: list[str]
+                 ) -> tuple[list[Any], list[Any], list[dict[str, Any]], dict[int, RankInfo]]:
+    """Per rank read: its comm table, its metrics table, its group rows and its RankInfo."""
+    namer = _namer(parsed, group_views)
     tables, metric_tables, group_rows = [], [], []
     ranks: dict[int, RankInfo] = {}
     multi_pg_gloo = False
@@ -135,13 +175,12 @@ def load_profiler(path: str | Path) -> Trace:
         gloo_group = only or (None if len(views) > 1 else default)
         if rows["comm"] and any(c["src"] == "gloo" for c in rows["comm"]) and len(views) > 1:
             multi_pg_gloo = True
-        table = _comm_table(r, rows, namer, gloo_group, world, views)
-        tables.append(table)
-        metric_tables.append(_metrics_table(r, rows["steps"]))
+        tables.append(comm_table(r, rows, namer, gloo_group, world, views))
+        metric_tables.append(metrics_table(r, rows["steps"]))
         dev = header.get("deviceProperties")
         device = str(dev[0].get("name", "")) if isinstance(dev, list) and dev and isinstance(dev[0], dict) else "cpu"
         ranks[r] = RankInfo(rank=r, present=True, host=str(header.get("host_name", "")),
-                            pid=int(_num(rows["pid"], -1)) if isinstance(rows["pid"], (int, float, str)) else -1,
+                            pid=int(to_number(rows["pid"], -1)) if isinstance(rows["pid"], (int, float, str)) else -1,
                             device=device, end_status="ok")
         for order, (g, d, m, backend) in enumerate(views):
             if m is None:
@@ -156,14 +195,7 @@ def load_profiler(path: str | Path) -> Trace:
         warnings.append("gloo profiler traces do not say which process group a collective ran on; with "
                         f"several groups they are all attributed to '{UNKNOWN_GROUP}' and numbered per rank "
                         "in start order, so per-group alignment may be off")
-    _pipeline_from_annotations(parsed, ranks, group_rows, warnings)
-    for r in range(world):
-        if r not in ranks:
-            ranks[r] = RankInfo(rank=r, present=False)
-            warnings.append(f"rank {r}: no profiler trace; analyzing the other ranks")
-    run = {"source": "torch_profiler", "world_size": world, "files": {str(r): str(v[0]) for r, v in parsed.items()},
-           "backend": ",".join(sorted({b for views in group_views.values() for *_, b in views if b}))}
-    return assemble(root, run, world, ranks, tables, metric_tables, None, group_rows, None, warnings)
+    return tables, metric_tables, group_rows, ranks
 
 
 def _pipeline_from_annotations(parsed: dict[int, Any], ranks: dict[int, RankInfo], group_rows: list[dict[str, Any]],

@@ -29,7 +29,8 @@ from typing import Any
 
 from ncclscope import schema as S
 
-USAGE = "usage: python -m ncclscope.run [--out DIR] [--timeout-s T] [--] SCRIPT [ARGS...]"
+USAGE = ("usage: python -m ncclscope.run [--out DIR] [--timeout-s T] [--nan-check auto|on|off] [--no-nan-check] "
+         "[--] SCRIPT [ARGS...]")
 DEFAULT_TIMEOUT_S = 60.0
 
 
@@ -39,8 +40,10 @@ class UsageError(ValueError):
 
 def parse_args(argv: list[str]) -> tuple[dict[str, Any], str, list[str]]:
     """ncclscope's own options come before SCRIPT; everything after SCRIPT is the script's, unparsed."""
+    from ncclscope.runtime.usertrace.nancheck import MODES, mode_from_env
     opts: dict[str, Any] = {"out": os.environ.get("NCCLSCOPE_OUT", ""),
-                            "timeout_s": float(os.environ.get("NCCLSCOPE_TIMEOUT_S", DEFAULT_TIMEOUT_S))}
+                            "timeout_s": float(os.environ.get("NCCLSCOPE_TIMEOUT_S", DEFAULT_TIMEOUT_S)),
+                            "nan_check": mode_from_env()}
     i = 0
     while i < len(argv):
         a = argv[i]
@@ -49,6 +52,17 @@ def parse_args(argv: list[str]) -> tuple[dict[str, Any], str, list[str]]:
             break
         if a in ("-h", "--help"):
             raise UsageError(USAGE)
+        if a in ("--no-nan-check", "--nan-check"):   # bare --nan-check: on every device (CUDA syncs)
+            opts["nan_check"] = "off" if a == "--no-nan-check" else "on"
+            i += 1
+            continue
+        if a.startswith("--nan-check="):
+            val = a.partition("=")[2]
+            if val not in MODES:
+                raise UsageError(f"--nan-check {val!r}: one of {', '.join(MODES)}")
+            opts["nan_check"] = val
+            i += 1
+            continue
         if a.startswith("--out") or a.startswith("--timeout-s"):
             key, _, val = a.partition("=")
             if not val:
@@ -174,12 +188,14 @@ def main(argv: list[str] | None = None) -> int:
     rec = Recorder(out, rank, world)
     rec.context.step = 0
     rec.write_meta(local_rank=local_rank, launcher=launcher, script=script, argv=[script, *script_args],
-                   config={"script": script, "args": script_args, "timeout_s": opts["timeout_s"]})
+                   config={"script": script, "args": script_args, "timeout_s": opts["timeout_s"],
+                           "nan_check": opts["nan_check"]})
     if rank == 0 and not (out / S.RUN_JSON).exists():
         import ncclscope
         write_json(out / S.RUN_JSON, {
             "schema": S.SCHEMA_VERSION, "launcher": launcher, "world_size": world,
-            "config": {"script": script, "args": script_args, "timeout_s": opts["timeout_s"]},
+            "config": {"script": script, "args": script_args, "timeout_s": opts["timeout_s"],
+                       "nan_check": opts["nan_check"]},
             "versions": {"ncclscope": ncclscope.__version__, "torch": torch.__version__,
                          "python": sys.version.split()[0], "schema": S.SCHEMA_VERSION},
             "argv": sys.argv, "started": _dt.datetime.now().isoformat(timespec="seconds"),
@@ -190,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         sampler = Sampler(rec, local_rank, announce=False).start()
     except Exception as exc:   # telemetry must never stop the job
         print(f"ncclscope: rank {rank}: telemetry off: {exc}", file=sys.stderr)
-    tracer = T.Tracer(rec, rank, world, timeout_s=opts["timeout_s"]).install()
+    tracer = T.Tracer(rec, rank, world, timeout_s=opts["timeout_s"], nan_check=opts["nan_check"]).install()
     tracer.watch_sigterm()
 
     sys.argv = [script, *script_args]

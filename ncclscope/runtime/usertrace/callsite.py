@@ -38,8 +38,9 @@ def _short(filename: str) -> str:
         return filename
 
 
-# code object -> True when it is library code (torch, ncclscope, runpy, contextlib)
-_LIB_CODE: dict[Any, bool] = {}
+# code object -> True when it is library code (torch, ncclscope, runpy, contextlib). Public: the fast
+# wrapper (hotpath.py) reads it inline, without a call to `call_site`
+LIB_CODE: dict[Any, bool] = {}
 # (code object, bytecode offset) -> "file:line" (the offset is free to read; the line number
 # is computed from the code's line table, so it is read once per site, not once per call)
 _SITES: dict[tuple[Any, int], str] = {}
@@ -53,7 +54,7 @@ def call_site(depth: int = 2) -> str:
 
     `depth` 2: the caller of the function that calls this (a wrapper's caller)."""
     f: Any = sys._getframe(depth)
-    lib = _LIB_CODE
+    lib = LIB_CODE
     while f is not None:
         code = f.f_code
         is_lib = lib.get(code)

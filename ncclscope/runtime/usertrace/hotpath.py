@@ -10,7 +10,9 @@ tag, p2p counters, lists, splits, roots) and in function calls (call site,
 tensor metadata, the new-site check); this one spends 2.7 us. What is left is
 mostly the group's sequence number (a pybind call that releases the GIL: ~0.2 us
 in a loop, ~1 us in situ), the thread-local depth flag, the call-site and
-metadata cache hits and the in-flight entry the watch thread reads. It reads only the
+metadata cache hits and the in-flight entry the watch thread reads (on a reducing
+op, the input's finiteness check of nancheck.py adds ~3 us until the rank's first
+non-finite input, then one attribute test). It reads only the
 arguments these ops take, finds the call site and whether it is a new one in one
 dict hit per call, without a function call (a miss goes through `call_site`,
 then the first-call flush of `OpsMixin._new_site`), and passes
@@ -31,8 +33,10 @@ import torch
 from ncclscope import schema as S
 
 from ncclscope.runtime import comm_site
+from ncclscope.runtime.comm_site import tensor_meta
 from ncclscope.runtime.usertrace import callsite
-from ncclscope.runtime.usertrace.opspec import NO_META, REDUCE_NAMES, tensor_meta, tls
+from ncclscope.runtime.usertrace.nancheck import small_kind
+from ncclscope.runtime.usertrace.opspec import NO_META, REDUCE_NAMES, tls
 
 
 def covers(fname: str, spec: tuple[Any, ...], pos: dict[str, int], own_seq: frozenset[str]) -> bool:
@@ -51,17 +55,14 @@ def make_fast(tracer: Any, orig: Callable[..., Any], spec: tuple[Any, ...], pos:
     i_in, i_group, i_async, i_op = pos[in_arg], pos["group"], pos["async_op"], pos.get("op", -1)
     has_op = i_op >= 0
     begin, groups, inflight, sites, p2p_shift, timeout_ms = tracer.hot_refs()
-    own_seq = tracer._own_seq
-    settle = tracer.settle
-    monotonic = time.monotonic
-    getframe = sys._getframe
-    lib_code = callsite._LIB_CODE
-    meta_cache = comm_site._META
+    own_seq, settle = tracer._own_seq, tracer.settle
+    nan_check, check_input = tracer.nan_check_for(op_name), tracer.check_input   # nancheck.py: reducing ops
+    small: dict[tuple[Any, Any], bool] = {}   # (shape, dtype) -> summed as Python floats (nancheck.small_kind)
+    monotonic, getframe, call_site, Tensor = time.monotonic, sys._getframe, callsite.call_site, torch.Tensor
+    lib_code, meta_cache = callsite.LIB_CODE, comm_site.META_CACHE
     # (caller's code, bytecode offset, group) -> its call site, once that (site, group, op)'s first-call
     # flush is done: one dict hit for both (a library caller is never cached: its site is further up)
     seen: dict[tuple[Any, int, str], str] = {}
-    call_site = callsite.call_site
-    Tensor = torch.Tensor
 
     @functools.wraps(orig)
     def traced(*args: Any, **kwargs: Any) -> Any:
@@ -105,6 +106,17 @@ def make_fast(tracer: Any, orig: Callable[..., Any], spec: tuple[Any, ...], pos:
         site = seen.get(fkey)
         if site is None:
             site = call_site()
+        if nan_check and t is not None and tracer._nan_live:   # the input, before the reduction spreads it
+            is_small = small.get((t.shape, t.dtype))
+            if is_small is None:
+                is_small = small[(t.shape, t.dtype)] = small_kind(t.shape, t.dtype)
+            if is_small and t.is_cpu:   # healthy and small: one tolist and a sum, no call
+                v = t.tolist()
+                s = sum(v) if v.__class__ is list else v
+                if s - s != 0.0:
+                    check_input(t, op_name, name, seq, reduce_op, site)
+            else:
+                check_input(t, op_name, name, seq, reduce_op, site)
         op_id = begin(kind, op_name, name, seq, -1, -1, -1, nbytes, dtype, sizes, reduce_op, timeout_ms, site)
         inflight[op_id] = (now := monotonic(), op_name, name, seq if seq >= 0 else -1)
         tracer._last_activity = now

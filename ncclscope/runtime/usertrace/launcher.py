@@ -54,8 +54,9 @@ def _rank_meta(run_dir: Path, r: int) -> dict[str, Any]:
 
 
 def launch(script: str, script_args: list[str], nproc: int = 1, out: str = "", timeout_s: float = 60.0,
-           quiet: bool = False) -> tuple[Path, dict[str, Any], int]:
-    """Run the job; return (run dir, run.json, the job's exit code)."""
+           quiet: bool = False, nan_check: str = "auto") -> tuple[Path, dict[str, Any], int]:
+    """Run the job; return (run dir, run.json, the job's exit code). `nan_check`: auto (CPU tensors),
+    on (every device; a CUDA tensor's check syncs), off (runtime/usertrace/nancheck.py)."""
     from ncclscope.runtime.launch import prepare_run_dir
     if not out:
         out = os.path.join("runs", "run-" + _dt.datetime.now().strftime("%Y%m%d-%H%M%S"))
@@ -64,7 +65,8 @@ def launch(script: str, script_args: list[str], nproc: int = 1, out: str = "", t
     import ncclscope
     run: dict[str, Any] = {
         "schema": S.SCHEMA_VERSION, "launcher": "ncclscope run", "world_size": nproc,
-        "config": {"script": script, "args": script_args, "timeout_s": timeout_s, "nproc": nproc},
+        "config": {"script": script, "args": script_args, "timeout_s": timeout_s, "nproc": nproc,
+                   "nan_check": nan_check},
         "versions": {"ncclscope": ncclscope.__version__, "python": sys.version.split()[0],
                      "schema": S.SCHEMA_VERSION},
         "argv": sys.argv, "started": _dt.datetime.now().isoformat(timespec="seconds"), "end_reason": "running",
@@ -90,7 +92,7 @@ def launch(script: str, script_args: list[str], nproc: int = 1, out: str = "", t
                            rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0, monitor_interval=0.1,
                            start_method="spawn")
         elastic_launch(cfg, sys.executable)("-m", "ncclscope.run", "--out", str(run_dir), "--timeout-s",
-                                            str(timeout_s), script, *script_args)
+                                            str(timeout_s), f"--nan-check={nan_check}", script, *script_args)
     except _Terminated as exc:
         end_reason, term_signal = "terminated", exc.signum
     except KeyboardInterrupt:

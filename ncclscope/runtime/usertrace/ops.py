@@ -35,13 +35,35 @@ import torch.distributed.distributed_c10d as c10d
 
 from ncclscope import schema as S
 
+from ncclscope.runtime.comm_site import tensor_meta
 from ncclscope.runtime.usertrace.callsite import call_site, text_of
 from ncclscope.runtime.usertrace.hotpath import covers, make_fast
-from ncclscope.runtime.usertrace.opspec import NO_META, OWN_SEQ, REDUCE_NAMES, a2a_splits, arg, list_meta, positions, tensor_meta, tls
+from ncclscope.runtime.usertrace.opspec import (NO_META, OBJECT_LISTS, OWN_SEQ, REDUCE_NAMES, a2a_splits, arg, list_meta,
+                                                object_list_meta, positions, tls)
 
 
 NOT_MEMBER_NOTE = ("called on a process group this rank is not a member of: torch returned at once, "
                    "without communicating")
+
+
+def _arg_layout(fname: str, spec: tuple[Any, ...], pos: dict[str, int]) -> tuple[Any, ...]:
+    """Where the general wrapper finds its arguments (-1: absent) and which rules apply, resolved once
+    per op at install: (tensor, group, async_op, op, peer, tag) positions, then own_seq (the group's
+    counter does not count it), a2a, rooted."""
+    kind, in_arg, peer_arg = spec[1], OBJECT_LISTS.get(fname, spec[2]), spec[4]
+    return (pos.get(in_arg, -1), pos.get("group", -1), pos.get("async_op", -1), pos.get("op", -1),
+            pos.get(peer_arg, -1), pos.get("tag", -1), fname in OWN_SEQ,
+            # all_to_all_single: what each member sends to and expects from each other is part of the call
+            fname == "all_to_all_single",
+            kind == S.KIND_COLLECTIVE and bool(peer_arg))   # broadcast, reduce, gather, scatter (+ _object)
+
+
+def _group_peer(g: Any, group_peer: Any) -> int:
+    """The global rank of a peer given group-locally (`group_dst=` / `group_src=`), -1 when not given
+    or outside the group."""
+    if group_peer is None:
+        return -1
+    return int(g.ranks[int(group_peer)]) if int(group_peer) < len(g.ranks) else -1
 
 
 class OpsMixin:
@@ -62,7 +84,10 @@ class OpsMixin:
     ops: int
     _gpu: Any
     _pending_lock: Any
+    _nan_live: bool
     patch_wait: Callable[[], None]
+    nan_check_for: Callable[[str], bool]
+    check_input: Callable[..., bool]
 
     def settle(self, out: Any, op_id: int, is_async: bool, t: torch.Tensor | None) -> None:
         """After the call returned: its end row now, or once its Work (async) or GPU event (a CUDA
@@ -84,18 +109,26 @@ class OpsMixin:
                 int(self.timeout_s * 1000) if self.timeout_s else -1)
 
     def _wrap_op(self, fname: str, orig: Callable[..., Any], spec: tuple[Any, ...]) -> Callable[..., Any]:
-        op_name, kind, in_arg, in_list, peer_arg, gpeer_arg, p2p_dir, always_async = spec
+        """The traced `orig` (torch.distributed's `fname`; `spec` its SPECS row): the lean wrapper
+        (hotpath.py) for all_reduce and its kin, else the general one (`_general_wrapper`)."""
         pos = positions(orig)
-        i_in, i_group, i_async = pos.get(in_arg, -1), pos.get("group", -1), pos.get("async_op", -1)
-        i_op, i_peer, i_tag = pos.get("op", -1), pos.get(peer_arg, -1), pos.get("tag", -1)
-        own_seq = fname in OWN_SEQ
-        # all_to_all_single: what each member sends to and expects from each other is part of the call
-        a2a = fname == "all_to_all_single"
-        rooted = kind == S.KIND_COLLECTIVE and bool(peer_arg)   # broadcast, reduce, gather, scatter (+ _object)
-        rec = self.rec
+        traced = self._general_wrapper(fname, orig, spec, pos)
+        traced.__ncclscope_orig__ = orig   # type: ignore[attr-defined]
+        if covers(fname, spec, pos, OWN_SEQ):   # all_reduce and its kin: the lean wrapper (hotpath.py)
+            return make_fast(self, orig, spec, pos, traced)
+        return traced
+
+    def _general_wrapper(self, fname: str, orig: Callable[..., Any], spec: tuple[Any, ...],
+                         pos: dict[str, int]) -> Callable[..., Any]:
+        """The wrapper of any op of SPECS; what it reads is resolved once, here, into the closure's locals."""
+        op_name, kind, in_arg, in_list, peer_arg, gpeer_arg, p2p_dir, always_async = spec
+        obj_list = fname in OBJECT_LISTS
+        in_arg = OBJECT_LISTS.get(fname, in_arg)
+        i_in, i_group, i_async, i_op, i_peer, i_tag, own_seq, a2a, rooted = _arg_layout(fname, spec, pos)
         begin, groups, inflight, sites, p2p_shift, timeout_ms = self.hot_refs()
         monotonic = time.monotonic
         Tensor = torch.Tensor
+        nan_check = self.nan_check_for(op_name)   # reducing ops: their input's finiteness (nancheck.py)
 
         @functools.wraps(orig)
         def traced(*args: Any, **kwargs: Any) -> Any:
@@ -104,56 +137,44 @@ class OpsMixin:
             n = len(args)
             pg = args[i_group] if 0 <= i_group < n else kwargs.get("group")
             g = groups.get(pg if pg is not None else self._world_pg)
-            if g is None:
-                g = self._group_of(pg)
-                if g is None:
-                    if pg is c10d.GroupMember.NON_GROUP_MEMBER:
-                        # torch returns at once (with a warning): the call communicates nothing, and
-                        # the group the rank's peers wait on never sees it. Worth a row of its own.
-                        rec.instant(S.KIND_MARKER, op_name, NOT_MEMBER_NOTE, S.STATUS_NOT_MEMBER, call_site())
-                    return orig(*args, **kwargs)
+            if g is None and (g := self._group_of(pg)) is None:   # no group of this rank: no row to write
+                self._not_member(pg, op_name)
+                return orig(*args, **kwargs)
             if self._groups_dirty:
                 self.write_groups()
-            t = None
-            if in_arg:
-                t = args[i_in] if 0 <= i_in < n else kwargs.get(in_arg)
-                if in_list:
-                    sizes, dtype, nbytes = list_meta(t)
-                    t = t[0] if isinstance(t, (list, tuple)) and t and isinstance(t[0], Tensor) else None
-                elif isinstance(t, Tensor):
-                    sizes, dtype, nbytes = tensor_meta(t)
-                else:
-                    sizes, dtype, nbytes = NO_META
-                    t = None
+            t = (args[i_in] if 0 <= i_in < n else kwargs.get(in_arg)) if in_arg else None
+            given = t
+            if obj_list:
+                sizes, dtype, nbytes = object_list_meta(t)
+                t = None
+            elif in_list:
+                sizes, dtype, nbytes = list_meta(t)
+                t = t[0] if isinstance(t, (list, tuple)) and t and isinstance(t[0], Tensor) else None
+            elif isinstance(t, Tensor):
+                sizes, dtype, nbytes = tensor_meta(t)
             else:
                 sizes, dtype, nbytes = NO_META
+                t = None
             peer, tag, seq, p2p_seq, reduce_op = -1, -1, -1, -1, ""
             if peer_arg:
                 p = args[i_peer] if 0 <= i_peer < n else kwargs.get(peer_arg)
-                if p is None and kwargs.get(gpeer_arg) is not None:
-                    p = g.ranks[int(kwargs[gpeer_arg])] if int(kwargs[gpeer_arg]) < len(g.ranks) else -1
-                peer = -1 if p is None else int(p)
+                peer = int(p) if p is not None else _group_peer(g, kwargs.get(gpeer_arg))
             if p2p_dir:
                 tag = int((args[i_tag] if 0 <= i_tag < n else kwargs.get("tag", 0)) or 0) if i_tag >= 0 else 0
                 key = (p2p_dir, peer)
-                p2p_seq = self._p2p_seq.get(key, 0) + 1
-                self._p2p_seq[key] = p2p_seq
+                p2p_seq = self._p2p_seq[key] = self._p2p_seq.get(key, 0) + 1
             elif own_seq:
-                seq = self._own_seq.get(g.name, 0) + 1
-                self._own_seq[g.name] = seq
+                seq = self._next_own_seq(g.name)
             else:
                 try:
                     seq = (pg or self._world_pg)._get_sequence_number_for_group() + 1 - p2p_shift.get(g.name, 0)
                 except (AttributeError, RuntimeError):
-                    seq = self._own_seq.get(g.name, 0) + 1
-                    self._own_seq[g.name] = seq
-            if i_op >= 0:
-                rop = args[i_op] if i_op < n else kwargs.get("op")
-                if rop is not None:
-                    try:
-                        reduce_op = REDUCE_NAMES.get(int(rop), str(rop))
-                    except (TypeError, ValueError):
-                        reduce_op = str(rop)
+                    seq = self._next_own_seq(g.name)
+            if i_op >= 0 and (rop := (args[i_op] if i_op < n else kwargs.get("op"))) is not None:
+                try:
+                    reduce_op = REDUCE_NAMES.get(int(rop), str(rop))
+                except (TypeError, ValueError):
+                    reduce_op = str(rop)
             if rooted and peer >= 0:   # the root is part of what every member must agree on
                 reduce_op = f"{reduce_op}, root {peer}" if reduce_op else f"root {peer}"
             if a2a:
@@ -161,18 +182,18 @@ class OpsMixin:
                                     arg(args, kwargs, pos, "output_split_sizes"), len(g.ranks))
             is_async = always_async or bool(args[i_async] if 0 <= i_async < n else kwargs.get("async_op", False))
             site = call_site()
+            if nan_check and given is not None and self._nan_live:   # before the reduction spreads it
+                self.check_input(given, op_name, g.name, seq, reduce_op, site)
             # positional, in Recorder.begin's order: keyword matching is a tenth of this path's cost
             op_id = begin(kind, op_name, g.name, seq, p2p_seq, peer, tag, nbytes, dtype, sizes, reduce_op,
                           timeout_ms, site)
             inflight[op_id] = (now := monotonic(), op_name, g.name, seq if seq >= 0 else p2p_seq)
             self._last_activity = now
-            key = (site, g.name, op_name)
-            if key not in sites:
+            if (key := (site, g.name, op_name)) not in sites:
                 self._new_site(key)
             self.ops += 1
             tls.depth = 1
-            if p2p_dir:
-                before = self._pg_seq(pg)
+            before = self._pg_seq(pg) if p2p_dir else 0
             try:
                 out = orig(*args, **kwargs)
             except BaseException as exc:
@@ -185,10 +206,21 @@ class OpsMixin:
             tls.depth = 0
             self.settle(out, op_id, is_async, t)
             return out
-        traced.__ncclscope_orig__ = orig   # type: ignore[attr-defined]
-        if covers(fname, spec, pos, OWN_SEQ):   # all_reduce and its kin: the lean wrapper (hotpath.py)
-            return make_fast(self, orig, spec, pos, traced)
         return traced
+
+    def _not_member(self, pg: Any, op_name: str) -> None:
+        """A call on a group this rank has no record of. On torch's NON_GROUP_MEMBER torch returns at
+        once (with a warning): the call communicates nothing, and the group the rank's peers wait on
+        never sees it. Worth a row of its own (the call site is still the user's line: `call_site`
+        skips ncclscope's frames)."""
+        if pg is c10d.GroupMember.NON_GROUP_MEMBER:
+            self.rec.instant(S.KIND_MARKER, op_name, NOT_MEMBER_NOTE, S.STATUS_NOT_MEMBER, call_site())
+
+    def _next_own_seq(self, name: str) -> int:
+        """The next sequence number of group `name` counted here, for an op its backend does not count
+        (OWN_SEQ) or a process group without a counter."""
+        seq = self._own_seq[name] = self._own_seq.get(name, 0) + 1
+        return seq
 
     def _wrap_batch(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         rec = self.rec

@@ -17,7 +17,6 @@ import torch
 import torch.distributed as dist
 
 from ncclscope import schema as S
-from ncclscope.runtime.comm_site import _meta
 
 # name -> (op_name written, kind, input arg, input is a list, peer arg, group-local peer kwarg, p2p direction, always async)
 _C, _P = S.KIND_COLLECTIVE, S.KIND_P2P
@@ -52,6 +51,10 @@ SPECS: dict[str, tuple[str, str, str, bool, str, str, str, bool]] = {
     "send_object_list": ("send_object_list", _P, "", False, "dst", "group_dst", "send", False),
     "recv_object_list": ("recv_object_list", _P, "", False, "src", "group_src", "recv", False),
 }
+# object collectives: the list every member must size alike (the output list of all_gather_object has one
+# slot per member; broadcast_object_list's list is as long on every rank): its length is the op's size
+OBJECT_LISTS = {"broadcast_object_list": "object_list", "all_gather_object": "object_list",
+                "scatter_object_list": "scatter_object_output_list"}
 # ops the process group's collective counter does not count on every backend
 OWN_SEQ = frozenset({"monitored_barrier"})
 REDUCE_NAMES = {int(getattr(dist.ReduceOp, n)): n.lower() for n in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND",
@@ -67,13 +70,10 @@ class _TLS(threading.local):
 # (all_gather_object -> all_gather, new_subgroups -> new_group) pass straight through
 tls = _TLS()
 
-# (input_sizes text, dtype, bytes) of one tensor, cached by (shape, dtype): the same cache as the
-# runtime's own wrapper, so both write the same text for the same tensor
-tensor_meta = _meta
-
 
 def list_meta(ts: Any) -> tuple[str, str, int]:
-    """The same for a list of tensors: every shape, the distinct dtypes, the bytes summed."""
+    """`comm_site.tensor_meta` (input_sizes text, dtype, bytes) for a list of tensors: every shape,
+    the distinct dtypes, the bytes summed."""
     if not isinstance(ts, (list, tuple)):   # a wrong argument: torch's call will say so, not ours
         return NO_META
     ts = [t for t in ts if isinstance(t, torch.Tensor)]
@@ -82,6 +82,15 @@ def list_meta(ts: Any) -> tuple[str, str, int]:
     shapes = "[" + ", ".join(str(list(t.shape)) for t in ts) + "]"
     dtypes = ",".join(dict.fromkeys(str(t.dtype).replace("torch.", "") for t in ts))
     return shapes, dtypes, sum(t.numel() * t.element_size() for t in ts)
+
+
+def object_list_meta(objs: Any) -> tuple[str, str, int]:
+    """(input_sizes text, dtype, bytes) of an object collective's list: its length as the op's size, so a
+    list one short on one rank is a size mismatch the analyzer can see (the objects' own sizes are
+    pickled inside torch's call, after this row is written)."""
+    if not isinstance(objs, list):
+        return NO_META
+    return f"[[{len(objs)}]]", "object", 0
 
 
 def positions(fn: Callable[..., Any]) -> dict[str, int]:

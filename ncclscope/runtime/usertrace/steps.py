@@ -82,7 +82,7 @@ class StepsMixin:
         rec.instant(_MARKER, "step", f"step {next_step} begins")
 
     def _metric_appender(self) -> Any:
-        """The metrics stream's raw row append (Recorder's `_Stream.append_row`), else its checked
+        """The metrics stream's raw row append (Recorder's `IpcStream.append_row`), else its checked
         one; looked up once, at the first step."""
         metrics = self.rec.metrics
         fast = getattr(metrics, "append_row", None)

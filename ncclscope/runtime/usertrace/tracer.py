@@ -16,6 +16,8 @@ are the same objects; both names are replaced):
     init_process_group, the clock offset to rank 0 through the job's store
     (clock.py);
   - optimizer steps: step boundaries (steps.py);
+  - the inputs of reducing collectives and DDP's gradients: the first
+    non-finite one on a rank is a `nonfinite` marker (nancheck.py);
   - Work.wait, for the works that have no future (patched when the first
     one is issued: `patch_wait`).
 Calls made from inside a wrapped call (all_gather_object -> all_gather) are
@@ -45,6 +47,7 @@ from ncclscope.runtime.usertrace.clock import ClockSync, default_store
 from ncclscope.runtime.usertrace.evidence import FR_EARLY_S, POLL_S, WATCH_S, EvidenceMixin, warm_fr_dump
 from ncclscope.runtime.usertrace.gpu import GpuEnds
 from ncclscope.runtime.usertrace.group_calls import GroupInfo, GroupsMixin
+from ncclscope.runtime.usertrace.nancheck import MODES as NAN_MODES, NanCheckMixin, mode_from_env
 from ncclscope.runtime.usertrace.ops import OpsMixin
 from ncclscope.runtime.usertrace.opspec import SPECS
 from ncclscope.runtime.usertrace.steps import StepsMixin, metric_blank
@@ -54,11 +57,11 @@ _text = text_of   # the old private name, kept for importers
 __all__ = ["ACTIVE", "FR_EARLY_S", "POLL_S", "WATCH_S", "SPECS", "GroupInfo", "Tracer", "call_site", "text_of"]
 
 
-class Tracer(GroupsMixin, OpsMixin, EvidenceMixin, StepsMixin):
+class Tracer(GroupsMixin, OpsMixin, EvidenceMixin, StepsMixin, NanCheckMixin):
     """One rank's tracer. `install()` patches torch.distributed; `close()` writes the last evidence."""
 
     def __init__(self, rec: Any, rank: int, world_size: int, timeout_s: float = 0.0,
-                 clock_sync: bool = True) -> None:
+                 clock_sync: bool = True, nan_check: str | None = None) -> None:
         self.rec = rec
         self.rank = rank
         self.world_size = world_size
@@ -81,6 +84,9 @@ class Tracer(GroupsMixin, OpsMixin, EvidenceMixin, StepsMixin):
         self._sites: set[tuple[str, str, str]] = set()
         self.ops = 0
         self._gpu = GpuEnds(rec, self._inflight)
+        # nancheck.py: auto (CPU tensors), on (every device: a CUDA check syncs), off
+        self.nan_mode = nan_check if nan_check in NAN_MODES else mode_from_env()
+        self._nan_live = self.nan_mode != "off"
         # evidence.py
         self._evidenced: set[int] = set()
         self._fr_for: set[int] = set()
@@ -133,6 +139,7 @@ class Tracer(GroupsMixin, OpsMixin, EvidenceMixin, StepsMixin):
             self._patch([dm, dist], "init_device_mesh", dm.init_device_mesh, self._wrap_mesh(dm.init_device_mesh))
         except (ImportError, AttributeError):
             pass
+        self.install_nan_check(self._patch)   # DistributedDataParallel.__init__: hooks on its gradients
         self._wait_patched = False   # Work.wait: at the first work that needs it (patch_wait)
         try:
             from torch.optim.optimizer import register_optimizer_step_post_hook
@@ -180,6 +187,7 @@ class Tracer(GroupsMixin, OpsMixin, EvidenceMixin, StepsMixin):
             self._hook.remove()
             self._hook = None
         self._installed = False
+        self._nan_live = False   # hooks left on a DDP model's parameters go quiet
         if ACTIVE is self:
             ACTIVE = None
 

@@ -19,7 +19,9 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable, OptionList, Static
 from textual.widgets.option_list import Option
 
-from ncclscope.tui import model as M
+from ncclscope.index.labels import fmt_ranks
+from ncclscope.tui.frame import plain
+from ncclscope.tui.presenters import CollMatrix, P2PRow
 from ncclscope.load.trace import Trace
 from ncclscope.tui.widgets.tables import GroupList
 
@@ -41,8 +43,8 @@ def group_list(trace: Trace) -> list[tuple[str, int, bool]]:
     coll = ops[(ops["kind"] == "collective").to_numpy() & (ops["collective_seq_id"] >= 0).to_numpy()]
     if not len(coll):
         return []
-    df = pd.DataFrame({"g": M.plain(coll["process_group"]), "seq": coll["collective_seq_id"].to_numpy(),
-                       "rank": coll["rank"].to_numpy(), "ok": (M.plain(coll["status"]) == "ok").to_numpy()})
+    df = pd.DataFrame({"g": plain(coll["process_group"]), "seq": coll["collective_seq_id"].to_numpy(),
+                       "rank": coll["rank"].to_numpy(), "ok": (plain(coll["status"]) == "ok").to_numpy()})
     df = df[df["g"] != ""]
     members = trace.group_members()
     size = df["g"].map(lambda g: len(members.get(g, ())) or 1)
@@ -54,18 +56,18 @@ def group_list(trace: Trace) -> list[tuple[str, int, bool]]:
     return [(str(g), int(r.n_seq), bool(r.bad)) for g, r in per.iterrows()]
 
 
-def build_matrix(trace: Trace, group: str) -> M.CollMatrix:
+def build_matrix(trace: Trace, group: str) -> CollMatrix:
     """Seq x member status matrix of `group` (the latest MAX_SEQS instances)."""
     ops = trace.ops
-    mask = (ops["kind"] == "collective").to_numpy() & (M.plain(ops["process_group"]) == group).to_numpy()
+    mask = (ops["kind"] == "collective").to_numpy() & (plain(ops["process_group"]) == group).to_numpy()
     coll = ops.loc[mask & (ops["collective_seq_id"] >= 0).to_numpy(),
                    ["rank", "op_id", "collective_seq_id", "op_name", "status"]]
     members = list(trace.group_members().get(group) or sorted(int(r) for r in coll["rank"].unique()))
     seqs = sorted(int(s) for s in coll["collective_seq_id"].unique())
     hidden = max(0, len(seqs) - MAX_SEQS)
     seqs = seqs[hidden:]
-    coll = coll[coll["collective_seq_id"].isin(seqs)].assign(status=lambda d: M.plain(d["status"]),
-                                                              op_name=lambda d: M.plain(d["op_name"]))
+    coll = coll[coll["collective_seq_id"].isin(seqs)].assign(status=lambda d: plain(d["status"]),
+                                                              op_name=lambda d: plain(d["op_name"]))
     ev = trace.events
     sus = ev[(ev["status"] == "suspect").to_numpy()][["rank", "op_id"]].assign(sus=True)
     if len(sus):
@@ -79,7 +81,7 @@ def build_matrix(trace: Trace, group: str) -> M.CollMatrix:
                  .set_index("collective_seq_id")["op_name"].reindex(seqs).fillna(""))
     cells = grid.to_numpy(dtype=object)
     bad = np.flatnonzero((cells != "ok").any(axis=1)) if len(cells) else np.array([], dtype=int)
-    return M.CollMatrix(group=group, members=members, seqs=seqs, ops=[str(x) for x in names],
+    return CollMatrix(group=group, members=members, seqs=seqs, ops=[str(x) for x in names],
                         cells=[list(map(str, row)) for row in cells], first_bad=int(bad[0]) if len(bad) else -1,
                         hidden=hidden)
 
@@ -93,7 +95,7 @@ def clock_sync_mask(pairs: pd.DataFrame) -> pd.Series:
     return (pairs["tag"] == CLOCK_SYNC_TAG) & (step < 0) & (rstep < 0) & (group == CLOCK_SYNC_GROUP)
 
 
-def build_p2p(trace: Trace, tables: dict[str, Any] | None = None) -> tuple[list[M.P2PRow], int]:
+def build_p2p(trace: Trace, tables: dict[str, Any] | None = None) -> tuple[list[P2PRow], int]:
     """Send/recv pairs, unmatched and unfinished first (from the diagnosis when it has them), without the
     clock-sync pings; returns (rows, number of clock-sync pairs hidden)."""
     pairs = (tables or {}).get("p2p_pairs")
@@ -120,7 +122,7 @@ def build_p2p(trace: Trace, tables: dict[str, Any] | None = None) -> tuple[list[
     step = order["send_step"].fillna(order["recv_step"]).fillna(-1).astype(int)
     mb = order["send_microbatch"].fillna(order["recv_microbatch"]).fillna(-1).astype(int)
     where = ("step " + step.astype(str)).where(step >= 0, "") + (" mb " + mb.astype(str)).where(mb >= 0, "")
-    return [M.P2PRow(src=int(r.src), dst=int(r.dst), tag=int(r.tag), seq=int(r.seq), send=r.send, recv=r.recv,
+    return [P2PRow(src=int(r.src), dst=int(r.dst), tag=int(r.tag), seq=int(r.seq), send=r.send, recv=r.recv,
                      state=str(r.state), where=w) for r, w in zip(order.itertuples(index=False), where)], int(sync.sum())
 
 
@@ -130,7 +132,7 @@ class CollectivesView(Vertical):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.group = ""
-        self.matrix: M.CollMatrix | None = None
+        self.matrix: CollMatrix | None = None
         self._groups: list[tuple[str, int, bool]] = []
         self._filter = ""
 
@@ -181,13 +183,13 @@ class CollectivesView(Vertical):
         missing = sum(row.count("missing") for row in mx.cells)
         t = Text()
         t.append(f"{self.group}", style="bold")
-        t.append(f" [{M.fmt_ranks(mx.members)}] · {len(mx.seqs)} collective{'s' if len(mx.seqs) != 1 else ''}")
+        t.append(f" [{fmt_ranks(mx.members)}] · {len(mx.seqs)} collective{'s' if len(mx.seqs) != 1 else ''}")
         if mx.first_bad >= 0:
             k = mx.seqs[mx.first_bad]
             absent = [m for m, c in zip(mx.members, mx.cells[mx.first_bad]) if c == "missing"]
             t.append(f" · first incomplete #{k}", style="bold red")
             if absent:
-                t.append(f": never arrived: rank {M.fmt_ranks(absent)}", style="bold red")
+                t.append(f": never arrived: rank {fmt_ranks(absent)}", style="bold red")
         elif missing == 0:
             t.append(" · all complete", style="green")
         title.update(t)
@@ -201,7 +203,7 @@ class CollectivesView(Vertical):
         if mx.seqs:
             table.move_cursor(row=mx.first_bad if mx.first_bad >= 0 else len(mx.seqs) - 1)
 
-    def _fill_p2p(self, rows: list[M.P2PRow], sync: int = 0) -> None:
+    def _fill_p2p(self, rows: list[P2PRow], sync: int = 0) -> None:
         table = self.query_one("#co-p2p", DataTable)
         table.clear(columns=True)
         for label in ("src→dst", "tag", "seq", "send", "recv", "state", "where"):

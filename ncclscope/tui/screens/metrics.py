@@ -4,7 +4,7 @@ Replicas (same tp / pp / ep position, different dp) must agree on the
 parameter checksum and the reduced gradient norm after every step; one that
 does not has silently diverged (a skipped all-reduce, a NaN, a desynchronised
 optimizer). Which rank and step deviate is the divergence analysis's answer
-(`analysis.performance`); this screen only draws it: sparklines share one
+(`perf.performance`); this screen only draws it: sparklines share one
 scale across ranks so the odd one out is visible, deviating steps in red.
 The sparklines are as wide as the pane allows (one character per step when
 they fit, the largest value of each bucket of steps when not, so a one-step
@@ -21,7 +21,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import DataTable, Static
 
-from ncclscope.tui import model as M
+from ncclscope.tui.frame import coord_label, varying_keys
+from ncclscope.tui.presenters import MetricRow, MetricsModel
 from ncclscope.load.trace import Trace
 from ncclscope.tui.widgets.plots import sparkline, use_log_scale
 
@@ -43,12 +44,12 @@ def flagged(perf: Any) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-def build_metrics(trace: Trace, perf: Any = None) -> M.MetricsModel:
-    """Per-rank loss / local grad norm series; divergence from `perf` (analysis.performance)."""
+def build_metrics(trace: Trace, perf: Any = None) -> MetricsModel:
+    """Per-rank loss / local grad norm series; divergence from `perf` (perf.performance)."""
     m = trace.metrics
     ranks = sorted(trace.ranks)
     if not len(m):
-        return M.MetricsModel(steps=[], rows=[], loss_range=(0, 1), gnorm_range=(0, 1),
+        return MetricsModel(steps=[], rows=[], loss_range=(0, 1), gnorm_range=(0, 1),
                               notes=["no metrics recorded yet (one row per rank per finished step)"])
     steps = sorted(int(s) for s in m["step"].unique())
 
@@ -64,11 +65,11 @@ def build_metrics(trace: Trace, perf: Any = None) -> M.MetricsModel:
         f = a[np.isfinite(a)]
         return (float(f.min()), float(f.max())) if len(f) else (0.0, 1.0)
 
-    keys = M.varying_keys(trace)
+    keys = varying_keys(trace)
     rows = []
     for i, r in enumerate(ranks):      # one row per rank: display objects only
         fl, fg = la[i][np.isfinite(la[i])], ga[i][np.isfinite(ga[i])]
-        rows.append(M.MetricRow(rank=r, label=f"{r} " + M.coord_label(r, trace, keys), loss=la[i],
+        rows.append(MetricRow(rank=r, label=f"{r} " + coord_label(r, trace, keys), loss=la[i],
                                 gnorm=ga[i], bad_steps=bad_by_rank.get(r, []),
                                 last_loss=float(fl[-1]) if len(fl) else float("nan"),
                                 last_gnorm=float(fg[-1]) if len(fg) else float("nan")))
@@ -76,14 +77,14 @@ def build_metrics(trace: Trace, perf: Any = None) -> M.MetricsModel:
     notes = [f.title for f in found]
     if perf is None:
         notes = ["divergence: waiting for the performance analyses"]
-    return M.MetricsModel(steps=steps, rows=rows, loss_range=rng(la), gnorm_range=rng(ga),
+    return MetricsModel(steps=steps, rows=rows, loss_range=rng(la), gnorm_range=rng(ga),
                           notes=notes or ["replicas agree on parameter checksum and global grad norm"])
 
 
 class MetricsView(Vertical):
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.model: M.MetricsModel | None = None
+        self.model: MetricsModel | None = None
         self._filter = ""
 
     def compose(self) -> ComposeResult:

@@ -16,7 +16,8 @@ from textual.widgets import DataTable, Label, ProgressBar, Static
 from ncclscope.tui.stacks import hide_own_frames
 from ncclscope.tui.widgets.tables import OpenTable
 
-from ncclscope.tui.model import FindingView, RunModel, fmt_ranks
+from ncclscope.index.labels import fmt_ranks
+from ncclscope.tui.presenters import FindingView, RunModel
 
 SEVERITY_MARK = {"error": "E", "warning": "W", "info": "i"}
 

@@ -13,10 +13,12 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import DataTable, Static
 
-from ncclscope.tui import model as M
+from ncclscope.tui.frame import coord_label, describe_ops, fmt_seconds, plain
+from ncclscope.tui.presenters import STATE_LABEL, OpRow, RankDetail
 from ncclscope.tui.stacks import hide_own_frames
 from ncclscope.findings import Finding
-from ncclscope.load.trace import STATUS_INFLIGHT, Trace
+from ncclscope.load.opsjoin import STATUS_INFLIGHT
+from ncclscope.load.trace import Trace
 
 MAX_OPS = 300
 STATUS_STYLE = {"ok": "green", "inflight": "yellow", "suspect": "bold yellow", "timeout": "bold red",
@@ -35,7 +37,7 @@ def _excerpt(text: str) -> str:
 
 
 def build_rank_detail(trace: Trace, rank: int, findings: list[Finding], states: dict[int, str],
-                      roots: list[int]) -> M.RankDetail:
+                      roots: list[int]) -> RankDetail:
     """Everything the rank screen shows for `rank` (one searchsorted slice of the ops table)."""
     ops = trace.ops
     if len(ops):
@@ -52,12 +54,12 @@ def build_rank_detail(trace: Trace, rank: int, findings: list[Finding], states: 
         sus = ev[(ev["rank"] == rank).to_numpy() & (ev["status"] == "suspect").to_numpy()]
         suspect = set(int(x) for x in sus["op_id"])
     tail = mine.iloc[::-1].iloc[:MAX_OPS]
-    rows: list[M.OpRow] = []
+    rows: list[OpRow] = []
     if len(tail):
-        text = M.describe_ops(tail)
+        text = describe_ops(tail)
         mb = tail["microbatch"].to_numpy()
-        short = M.plain(tail["op_name"]).to_numpy(dtype=object)
-        status = M.plain(tail["status"])
+        short = plain(tail["op_name"]).to_numpy(dtype=object)
+        status = plain(tail["status"])
         inflight = (status == STATUS_INFLIGHT).to_numpy()
         dur = np.where(inflight, end - tail["start_ns"].to_numpy(), tail["duration_ns"].to_numpy())
         for i, row in enumerate(tail.itertuples(index=False)):   # ≤ MAX_OPS rows: display only
@@ -65,12 +67,12 @@ def build_rank_detail(trace: Trace, rank: int, findings: list[Finding], states: 
             if inflight[i] and int(row.op_id) in suspect:
                 st = "suspect"
             seq = int(row.collective_seq_id) if row.collective_seq_id >= 0 else int(row.p2p_seq_id)
-            rows.append(M.OpRow(op_id=int(row.op_id), text=str(short[i]) + (f" mb {mb[i]}" if mb[i] >= 0 else ""),
+            rows.append(OpRow(op_id=int(row.op_id), text=str(short[i]) + (f" mb {mb[i]}" if mb[i] >= 0 else ""),
                                 desc=str(text.iat[i]), group=str(row.process_group),
                                 seq=seq, peer=int(row.peer), step=int(row.step),
-                                duration=M.fmt_seconds(dur[i]) + ("+" if inflight[i] else ""), status=st))
+                                duration=fmt_seconds(dur[i]) + ("+" if inflight[i] else ""), status=st))
     info = trace.ranks.get(rank)
-    coords = M.coord_label(rank, trace)
+    coords = coord_label(rank, trace)
     state = states.get(rank, "unknown")
     how = info.state if info else "missing"
     try:
@@ -78,7 +80,7 @@ def build_rank_detail(trace: Trace, rank: int, findings: list[Finding], states: 
         how += f", {exit_text(info)}" if info else ""
     except Exception:
         pass
-    header = f"rank {rank}" + (f" {coords}" if coords else "") + f" · {M.STATE_LABEL[state]} · {how}"
+    header = f"rank {rank}" + (f" {coords}" if coords else "") + f" · {STATE_LABEL[state]} · {how}"
     infl = [o for o in rows if o.status in ("inflight", "suspect")]
     inflight_line = ""
     if infl:
@@ -94,7 +96,7 @@ def build_rank_detail(trace: Trace, rank: int, findings: list[Finding], states: 
                  "stops a live rank)")
     mentions = [f.title for f in findings if rank in f.ranks] + \
         [f.title for f in findings if rank not in f.ranks and any(e.rank == rank for e in f.evidence)]
-    return M.RankDetail(rank=rank, header=header, state=state, root=rank in roots, inflight=inflight_line,
+    return RankDetail(rank=rank, header=header, state=state, root=rank in roots, inflight=inflight_line,
                         ops=rows, n_ops=len(mine), stack=stack, metrics=_metric_lines(trace, rank),
                         findings=mentions[:4])
 
@@ -127,7 +129,7 @@ class RankView(Vertical):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.detail: M.RankDetail | None = None
+        self.detail: RankDetail | None = None
         self._filter = ""
         self._focus_op = -1
 
@@ -138,7 +140,7 @@ class RankView(Vertical):
             yield Static(id="rk-stack")
         yield Static(id="rk-metrics")
 
-    def show(self, detail: M.RankDetail, focus_op: int = -1) -> None:
+    def show(self, detail: RankDetail, focus_op: int = -1) -> None:
         self.detail = detail
         self._focus_op = focus_op
         head = Text(no_wrap=True, overflow="ellipsis")

@@ -11,7 +11,7 @@ from textual.app import ComposeResult
 from textual.containers import ScrollableContainer, Vertical
 from textual.widgets import Static
 
-from ncclscope.tui.model import STATE_LABEL, STATES, RunModel
+from ncclscope.tui.presenters import STATE_LABEL, STATES, RunModel
 from ncclscope.tui.widgets.rank_grid import RankGrid
 
 

@@ -19,8 +19,10 @@ from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.widgets import Static
 
-from ncclscope.tui import model as M
-from ncclscope.load.trace import STATUS_INFLIGHT, Trace
+from ncclscope.tui.frame import coord_label, fmt_seconds, plain, varying_keys
+from ncclscope.tui.presenters import TimelineModel
+from ncclscope.load.opsjoin import STATUS_INFLIGHT
+from ncclscope.load.trace import Trace
 from ncclscope.tui.widgets.plots import CODES, gantt_lines
 
 LABEL_W = 13                 # at least; wider when the coordinates need it
@@ -34,29 +36,29 @@ def default_step(trace: Trace) -> int:
     real = ops[(ops["kind"] != "marker").to_numpy() & (ops["step"] >= 0).to_numpy()]
     if not len(real):
         return -1
-    bad = real[(M.plain(real["status"]) != "ok").to_numpy()]
+    bad = real[(plain(real["status"]) != "ok").to_numpy()]
     return int(bad["step"].min()) if len(bad) else int(real["step"].max())
 
 
-def build_timeline(trace: Trace, step: int) -> M.TimelineModel:
+def build_timeline(trace: Trace, step: int) -> TimelineModel:
     """The spans of `step` on every rank, aligned to rank 0's clock."""
     ops = trace.ops
     ranks = sorted(trace.ranks)
-    keys = M.varying_keys(trace)
+    keys = varying_keys(trace)
     digits = len(str(max(ranks, default=0)))
 
     def label(r: int) -> str:
-        return f"{r:>{digits}} " + M.coord_label(r, trace, keys)
+        return f"{r:>{digits}} " + coord_label(r, trace, keys)
 
     empty = np.array([], dtype=np.int64)
     real = ops[(ops["kind"] != "marker").to_numpy() & (ops["step"] >= 0).to_numpy()] if len(ops) else ops
     steps = sorted(int(s) for s in real["step"].unique()) if len(real) else []
     sub = real[(real["step"] == step).to_numpy()] if len(real) else real
     if not len(sub):
-        return M.TimelineModel(step=step, steps=steps, t0=0, t1=1, ranks=ranks, labels=[label(r) for r in ranks],
+        return TimelineModel(step=step, steps=steps, t0=0, t1=1, ranks=ranks, labels=[label(r) for r in ranks],
                                rank_idx=empty, start=empty, end=empty, code=np.array([], dtype=object),
                                mb=empty, open_=np.array([], dtype=bool))
-    status = M.plain(sub["status"]).to_numpy()
+    status = plain(sub["status"]).to_numpy()
     inflight = status == STATUS_INFLIGHT
     open_ = status != "ok"                    # in flight, timed out or failed: drawn as a wait
     start = sub["start_ns"].to_numpy(dtype=np.int64)
@@ -68,13 +70,13 @@ def build_timeline(trace: Trace, step: int) -> M.TimelineModel:
         t_ok = int(end[~open_].max())
         t1 = min(full, t_ok + max((t_ok - t0) // 6, 1))
     end = np.minimum(end, t1)
-    name = M.plain(sub["op_name"]).to_numpy()
-    kind = M.plain(sub["kind"]).to_numpy()
+    name = plain(sub["op_name"]).to_numpy()
+    kind = plain(sub["kind"]).to_numpy()
     code = np.select([name == "forward", name == "backward", kind == "collective", kind == "p2p"],
                      ["F", "B", "C", "P"], "O").astype(object)
     row_of = {r: i for i, r in enumerate(ranks)}
     rank_idx = pd_map(sub["rank"].to_numpy(), row_of)
-    return M.TimelineModel(step=step, steps=steps, t0=t0, t1=t1, ranks=ranks, labels=[label(r) for r in ranks],
+    return TimelineModel(step=step, steps=steps, t0=t0, t1=t1, ranks=ranks, labels=[label(r) for r in ranks],
                            rank_idx=rank_idx, start=start, end=end, code=code,
                            mb=sub["microbatch"].to_numpy(dtype=np.int64), open_=open_, full_t1=full)
 
@@ -92,7 +94,7 @@ class TimelineView(Vertical):
 
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
-        self.model: M.TimelineModel | None = None
+        self.model: TimelineModel | None = None
         self._trace: Trace | None = None
         self.step = -1
         self._filter = ""
@@ -137,9 +139,9 @@ class TimelineView(Vertical):
         else:
             head.append(f"step {tl.step}", style="bold")
             head.append(f" of {tl.steps[0]}–{tl.steps[-1]} ([ ] change)")
-            head.append(f" · {M.fmt_seconds(tl.t1 - tl.t0)}, col {M.fmt_seconds((tl.t1 - tl.t0) / width)}")
+            head.append(f" · {fmt_seconds(tl.t1 - tl.t0)}, col {fmt_seconds((tl.t1 - tl.t0) / width)}")
             if tl.full_t1 > tl.t1:
-                head.append(f" · waits run on to {M.fmt_seconds(tl.full_t1 - tl.t0)}", style="bold red")
+                head.append(f" · waits run on to {fmt_seconds(tl.full_t1 - tl.t0)}", style="bold red")
             head.append("\n")
         for c, what in (("F", "fwd"), ("B", "bwd"), ("C", "coll"), ("P", "p2p"), ("O", "other")):
             head.append(f" {c} ", style=styles[c])

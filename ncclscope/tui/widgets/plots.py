@@ -11,7 +11,7 @@ import numpy as np
 from rich.style import Style
 from rich.text import Text
 
-from ncclscope.tui.model import TimelineModel
+from ncclscope.tui.presenters import TimelineModel
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 IDLE = "·"

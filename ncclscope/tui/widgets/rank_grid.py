@@ -19,7 +19,7 @@ from textual.message import Message
 from textual.reactive import reactive
 from textual.widget import Widget
 
-from ncclscope.tui.model import GLYPH, STATE_LABEL, STATES, GridModel, RankCell
+from ncclscope.tui.presenters import GLYPH, STATE_LABEL, STATES, GridModel, RankCell
 
 ROOT_MARK = "*"
 

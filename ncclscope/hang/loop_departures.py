@@ -1,0 +1,134 @@
+"""A cycle member that left its own loop: the first deviation inside what looks like a deadlock.
+
+Every rank runs the same program, and a training loop posts the same calls (op, group, peer, call site)
+every iteration. In a cycle of waits the graph alone cannot say who started it: two ranks of a blocking
+exchange both sending, a send to the wrong peer and that peer's own wait. Their sequences can. A member
+whose own sequence stops repeating exactly at the op it is blocked in (its loop posts another op there:
+the other direction of the exchange, another peer, another group) departed from its program; a member
+whose sequence repeats to its blocked op is where its loop put it. The departed members are the root,
+and everything else in the cycle is consequence.
+
+Each rank's collective and p2p rows are read in the order the rank issued them (op_id), so dumps and
+traces without step numbers are read the same; the period and phase come from
+`repetition.virtual_steps`. A sequence that never repeated MIN_REPEATS times before (a hang in the
+first iterations) proves nothing, and neither does a cycle in which every member departed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from ncclscope import schema as S
+from ncclscope.findings import Cause, CauseBasis, Departure, Finding
+from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, op_evidence, payload, since, sort_key, waiter_evidence,
+                                   waiting_summary)
+from ncclscope.index.labels import rank_label
+from ncclscope.index.repetition import virtual_steps
+
+MAX_MEMBERS = 16            # cycle members whose sequences are read
+
+
+@dataclass(frozen=True)
+class LoopBreak:
+    """Rank `rank` is blocked in the call its loop breaks at: it posted `op` (to/from `peer`, on `group`,
+    from `site`) where the loop's previous iteration posted `expected_op` / `expected_peer` /
+    `expected_group` from `expected_site`; `iteration` counts the loop's iterations before the break."""
+
+    rank: int
+    op_id: int
+    op: str
+    peer: int
+    group: str
+    site: str
+    expected_op: str
+    expected_peer: int
+    expected_group: str
+    expected_site: str
+    iteration: int
+
+
+def comm_sequence(coll: pd.DataFrame, p2p: pd.DataFrame, rank: int) -> pd.DataFrame:
+    """The rank's collective and p2p calls in issue order: op_id, op_name, process_group, peer, call_site."""
+    cols = ["op_id", "op_name", "process_group", "peer", "call_site"]
+    c = coll[(coll["rank"] == rank).to_numpy()].assign(peer=-1)[cols]
+    p = p2p[(p2p["rank"] == rank).to_numpy()][cols]
+    out = pd.concat([c.astype({"op_name": str, "process_group": str, "call_site": str}),
+                     p.astype({"op_name": str, "process_group": str, "call_site": str})], ignore_index=True)
+    return out.sort_values("op_id", kind="stable").reset_index(drop=True)
+
+
+def loop_break(seq: pd.DataFrame, rank: int, blocked: set[int]) -> LoopBreak | None:
+    """Where the rank's loop breaks, when that is exactly an op it is blocked in (`blocked`: their op ids;
+    an isend and an irecv posted together are both in flight); else None."""
+    if not len(seq):
+        return None
+    ops, groups = seq["op_name"].to_numpy(), seq["process_group"].to_numpy()
+    peers, sites = seq["peer"].to_numpy(np.int64), seq["call_site"].to_numpy()
+    toks = [f"{o}\x1f{g}\x1f{p}\x1f{s}" for o, g, p, s in zip(ops, groups, peers, sites)]
+    rep = virtual_steps(toks)
+    if rep is None:
+        return None
+    steps, brk = rep
+    op_id = int(seq["op_id"].iloc[brk])
+    if op_id not in blocked:
+        return None
+    period = int(np.count_nonzero(steps[:brk] == steps[brk] - 1))
+    if not period:
+        return None
+    j = brk - period
+    return LoopBreak(rank=rank, op_id=op_id, op=str(ops[brk]), peer=int(peers[brk]), group=str(groups[brk]),
+                     site=str(sites[brk]), expected_op=str(ops[j]), expected_peer=int(peers[j]),
+                     expected_group=str(groups[j]), expected_site=str(sites[j]), iteration=int(steps[brk]))
+
+
+def cycle_leavers(coll: pd.DataFrame, p2p: pd.DataFrame, blocking: pd.DataFrame,
+                  comp: list[int]) -> list[LoopBreak]:
+    """The members of a wait-for cycle blocked in the call their own loop breaks at, when some but not all
+    are (else nothing: the sequences cannot single anyone out)."""
+    members = sorted(int(r) for r in comp)[:MAX_MEMBERS]
+    b = blocking[blocking["rank"].isin(members).to_numpy()
+                 & blocking["kind"].isin([S.KIND_COLLECTIVE, S.KIND_P2P]).to_numpy()]
+    blocked = b.groupby("rank")["op_id"].agg(lambda x: {int(v) for v in x}).to_dict()
+    leavers = []
+    for r in members:
+        if r not in blocked:
+            continue
+        d = loop_break(comm_sequence(coll, p2p, r), r, blocked[r])
+        if d is not None:
+            leavers.append(d)
+    return leavers if 0 < len(leavers) < len(members) else []
+
+
+def call_text(op: str, peer: int, group: str) -> str:
+    """`send to rank 0`, `recv from rank 2`, `all_reduce on dp0`: a call as the sentences name it."""
+    if peer >= 0:
+        return f"{op} {'from' if op.endswith('recv') else 'to'} rank {peer}"
+    return f"{op} on {group}"
+
+
+def left_loop_finding(ctx: WaitContext, comp: list[int], cycle: list[int], involved: set[int],
+                      leavers: list[LoopBreak]) -> tuple[tuple, Finding]:
+    """A `hang` rooted at the cycle members that left their loops; the others wait on them."""
+    roots = sorted(d.rank for d in leavers)
+    d = leavers[0]
+    waiters = set(involved) - set(roots)
+    summary, start, direct = waiting_summary(ctx, waiters, roots)
+    went = call_text(d.op, d.peer, d.group)
+    loop = call_text(d.expected_op, d.expected_peer, d.expected_group)
+    title = (f"{rank_label(ctx.trace, roots)} left {'its loop' if len(roots) == 1 else 'their loops'} in "
+             f"iteration {d.iteration + 1}: posted {went} at {d.site} where every earlier iteration posted "
+             f"{loop}" + (f" ({d.expected_site})" if d.expected_site != d.site else ""))
+    if summary:
+        title += f"; {summary}"
+    rb = ctx.blocking[ctx.blocking["rank"].isin(roots)]
+    ev = [op_evidence(r, f"{r.status}: left its loop here{since(ctx.end, r.start_ns, ', since ')}")
+          for r in rb.itertuples(index=False)]
+    ev += waiter_evidence(ctx, waiters, direct, roots)
+    dep = Departure(step=-1, call_site=d.expected_site, went_site=d.site, went_op=d.op, position=d.iteration,
+                    basis=CauseBasis.LOOP)
+    pl = payload(ctx, roots, waiters, direct, start, summary, cycle=cycle)
+    return sort_key(involved, start), Finding(kind="hang", severity="error", title=title, ranks=roots,
+                                               evidence=ev[:MAX_EVIDENCE * 2],
+                                               cause=Cause(basis=CauseBasis.LOOP, departure=dep), **pl)

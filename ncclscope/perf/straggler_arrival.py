@@ -1,0 +1,133 @@
+"""Stragglers without compute spans: the effect size from the arrival skew itself.
+
+Why: a user's own script traced by `ncclscope run` has no `compute` rows (its
+DDP all-reduces come from Flight Recorder, on gloo with inferred end times), so
+the compute ratio that stragglers.py measures a slow rank by does not exist.
+What does exist, and is measured, is when each rank posted each collective: a
+rank whose data loader sleeps 50 ms a step posts every collective 50 ms after
+its peers. The durations of such rows are not evidence (an inferred end is the
+next op's creation); their starts are.
+
+The rule (stragglers.py states the rest of the tests, which are the same):
+
+- per complete collective instance, each member's lateness = its start minus
+  the median start of the instance's other members (with two members, the
+  other one's start), and the delay it caused = its start minus the latest
+  other start when it arrived last (what the instance would have saved had it
+  come with the runner-up), else 0;
+- per (rank, step) -- per instance when the trace has no steps -- the largest
+  of each over the step's collectives (collectives posted back to back carry
+  one delay, not one each: the what-if saving never counts it twice);
+- the effect of a rank: per counted step its lateness minus the median of its
+  healthy peers' (every other rank) that step, the median over the steps;
+  each healthy peer measured the same way against the others. It must be at
+  least (MIN_RATIO - 1) of the median step time and MIN_Z above the noise:
+  z = effect / max(sigma, NOISE_FLOOR * step time), sigma the larger of the
+  spread of the healthy peers' effects and the spread of one step's lateness
+  of a healthy peer (their per-step lateness pooled; with one healthy peer,
+  the candidate's own step-to-step spread of the difference). Not the
+  standard error of a median over the steps, as for compute: on shared cores
+  who posts first is decided by the scheduler in a pattern that repeats step
+  after step (gloo's ring releases the ranks in order), so a healthy rank can
+  be late by a scheduler slice at most steps; only a lateness beyond what a
+  healthy rank shows in one step is a straggler's;
+- the last-arrival binomial and the saving floors are stragglers.py's.
+
+effect_ratio is reported as (step time + effect) / step time, so the floors of
+straggler_stats (MIN_RATIO, NOISE_FLOOR in log units) read the same here.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ncclscope.perf.straggler_stats import ARRIVAL, NOISE_FLOOR, robust_sigma, spread_sigma
+
+
+def arrival_lateness(coll: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
+    """Per (rank, step) of complete training collectives: arrival_late_ns (lateness against the median of the
+    other members, the largest over the step) and arrival_caused_ns (the delay caused as last arriver over
+    the runner-up, the largest over the step). `coll` is `collective_instances`' member rows (sorted by
+    instance, then arrival; with late_ns, instance, rank, step)."""
+    cols = {"rank": pd.Series(dtype="int64"), "step": pd.Series(dtype="int64"),
+            "arrival_late_ns": pd.Series(dtype="float64"), "arrival_caused_ns": pd.Series(dtype="float64")}
+    if not len(coll) or not len(inst):
+        return pd.DataFrame(cols)
+    idx = coll["instance"].to_numpy()
+    late = coll["late_ns"].to_numpy().astype(np.float64)
+    new = np.r_[True, idx[1:] != idx[:-1]]
+    first = np.flatnonzero(new)
+    seg = np.cumsum(new) - 1
+    n = np.diff(np.r_[first, len(idx)])[seg]
+    j = np.arange(len(idx)) - first[seg]
+    m = np.maximum(n - 1, 1)
+    lo, hi = (m - 1) // 2, m // 2
+
+    def other(k: np.ndarray) -> np.ndarray:         # k-th of the other members (sorted), by position
+        return late[np.minimum(first[seg] + k + (k >= j), len(late) - 1)]
+
+    med_other = (other(lo) + other(hi)) / 2.0
+    runner_up = late[np.maximum(first[seg] + n - 2, 0)]
+    caused = np.where((j == n - 1) & (n >= 2), late - runner_up, 0.0)
+    ok = (inst["complete"].to_numpy()[idx] & (coll["step"].to_numpy() >= 0) & (n >= 2))
+    out = pd.DataFrame({"rank": coll["rank"].to_numpy()[ok], "step": coll["step"].to_numpy()[ok],
+                        "arrival_late_ns": (late - med_other)[ok], "arrival_caused_ns": caused[ok]})
+    if not len(out):
+        return pd.DataFrame(cols)
+    return out.groupby(["rank", "step"], as_index=False, sort=True).max()
+
+
+def pseudo_steps(coll: pd.DataFrame, inst: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(coll, inst) with every collective instance its own step, for a trace that marks no steps."""
+    coll = coll.assign(step=coll["instance"].to_numpy().astype(np.int64))
+    inst = inst.assign(step=np.arange(len(inst), dtype=np.int64))
+    return coll, inst
+
+
+def cadence_step_times(inst: pd.DataFrame) -> pd.Series:
+    """Wall time per step from the collectives alone (a trace with no step times in its metrics): from the
+    step's first arrival to the next step's (the last step: to its last end). The span of a step's own ops
+    would be its collectives' span only, not the work between them."""
+    x = inst[inst["step"] >= 0]
+    if not len(x):
+        return pd.Series(dtype="float64")
+    g = x.groupby("step")
+    begin, end = g["first_ns"].min().astype("float64"), g["max_end_ns"].max().astype("float64")
+    nxt = begin.shift(-1)
+    return nxt.fillna(end).sub(begin).clip(lower=0.0)
+
+
+def arrival_effect(r: int, lateness: pd.DataFrame, counted: np.ndarray, step_ns: float) -> dict:
+    """effect_ratio, z, noise, noise_from, late_ms and effect_from of rank r from its arrival lateness
+    against the other ranks' over the counted steps (module docstring); {} without a peer or a step time."""
+    x = lateness[lateness["step"].isin(counted)]
+    piv = x.pivot_table(index="step", columns="rank", values="arrival_late_ns", aggfunc="max")
+    if r not in piv.columns or not (step_ns > 0):
+        return {}
+    piv = piv[piv[r].notna()]
+    healthy = [q for q in piv.columns if q != r]
+    if not healthy or not len(piv):
+        return {}
+
+    def per_step(q: int, ref: list) -> pd.Series:
+        return (piv[q] - piv[ref].median(axis=1)).dropna()
+
+    mine = per_step(r, healthy)
+    if not len(mine):
+        return {}
+    effect = float(mine.median())
+    n = len(mine)
+    if len(healthy) >= 2:
+        others = {q: per_step(q, [h for h in healthy if h != q]) for q in healthy}
+        pooled = np.concatenate([v.to_numpy(dtype=np.float64) for v in others.values()])
+        meds = np.asarray([float(v.median()) for v in others.values() if len(v)])
+        noise = max(spread_sigma(meds), spread_sigma(pooled))
+        noise_from = f"spread of lateness between {len(healthy)} healthy peers"
+    else:
+        noise = robust_sigma(mine.to_numpy(dtype=np.float64)) if n >= 3 else float("nan")
+        noise_from = f"step-to-step spread of lateness over {n} steps"
+    floor = NOISE_FLOOR * step_ns
+    z = effect / max(noise, floor) if np.isfinite(noise) else float("nan")
+    return {"effect_ratio": 1.0 + effect / step_ns, "z": z, "noise": max(noise, floor) / step_ns if np.isfinite(noise)
+            else float("nan"), "noise_from": noise_from, "late_ms": effect / 1e6, "effect_from": ARRIVAL}
+

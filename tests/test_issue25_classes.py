@@ -1,0 +1,130 @@
+"""Issue 25's classes, each as a hand-built trace: the rule that missed it, and what decides it now.
+
+Pure logic (no processes): every case is stated op by op with `TraceBuilder`.
+"""
+from __future__ import annotations
+
+import pytest
+
+from ncclscope.hang.schedule_check import expected_tokens, find_schedule_deviations
+from ncclscope.schedules import build_schedule
+from ncclscope.verdict.diagnose import diagnose
+from trace_builder import TraceBuilder
+
+DT = 0.01
+
+
+def _cp_pipeline(schedule: str, m: int, steps: int = 2) -> TraceBuilder:
+    """cp 2 x pp 2: ranks 0,1 are pipeline stage 0 (cp 0,1), ranks 2,3 stage 1. Every forward and
+    backward passes K/V around its cp ring with isend/irecv that carry the stage and microbatch of the
+    action they belong to, as ring attention does inside a pipeline stage."""
+    groups = {"pp0": [0, 2], "pp1": [1, 3], "cp0": [0, 1], "cp1": [2, 3]}
+    b = TraceBuilder(4, groups=groups)
+    b.run["config"] = {"pp": 2, "cp": 2, "vpp": 1, "schedule": schedule, "microbatches": m, "dp": 1}
+    pp_of, cp_of = {0: 0, 1: 0, 2: 1, 3: 1}, {0: 0, 1: 1, 2: 0, 3: 1}
+    for r in range(4):
+        b.coords(r, pp=pp_of[r], cp=cp_of[r])
+        b.rank_state(r, exitcode=0)
+    plan = build_schedule(schedule, 2, m, 1)
+    seq: dict[tuple[int, int, str], int] = {}
+    t = 0.0
+    for step in range(steps):
+        for r in range(4):
+            q, c = pp_of[r], cp_of[r]
+            ring = r + 1 if c == 0 else r - 1
+            pipe = {0: 2, 2: 0, 1: 3, 3: 1}[r]
+            for tok in expected_tokens(plan[q], q, 2, 2):
+                kw = dict(step=step, microbatch=tok.microbatch, stage=tok.stage)
+                if tok.what in ("F", "B"):
+                    for op, peer in (("isend", ring), ("irecv", ring)):
+                        k = seq[(r, peer, op)] = seq.get((r, peer, op), 0) + 1
+                        b.p2p(r, op, peer=peer, seq=k, start=t, end=t + DT, group=f"cp{q}", **kw)
+                    b.compute(r, "forward" if tok.what == "F" else "backward", start=t, end=t + DT, **kw)
+                else:
+                    op = "isend" if tok.what == "send" else "recv"
+                    k = seq[(r, pipe, op)] = seq.get((r, pipe, op), 0) + 1
+                    b.p2p(r, op, peer=pipe, seq=k, start=t, end=t + DT, group=f"pp{c}", **kw)
+                t += DT
+    return b
+
+
+def test_class9_cp_ring_inside_a_pipeline_stage_is_no_schedule_deviation() -> None:
+    """Class 9 (a healthy cp 2 x pp 2 GPipe run read as SCHEDULE DEVIATION): the schedule check took the
+    ring's isend/irecv, which carry the stage and microbatch of their forward, for pipeline actions. A
+    pipeline action's p2p goes to another stage; p2p with a peer at the rank's own pipeline index is not
+    one (both the numpy and the pandas path)."""
+    for schedule, m in (("gpipe", 4), ("1f1b", 4)):
+        trace = _cp_pipeline(schedule, m).build()
+        assert find_schedule_deviations(trace).empty, schedule
+        assert diagnose(trace).ok, schedule
+
+
+def _zero2_ep(skipper: int, hang_step: int) -> TraceBuilder:
+    """dp 4 x ep 2 with ZeRO-2: per step every rank reduce-scatters its dense grads on dp0, its expert grads
+    on its expert-data-parallel pair (edp0 = 0,2; edp1 = 1,3), then all-reduces the loss on dp0. At
+    `hang_step` the skipper leaves its edp reduce_scatter out and goes on to the all_reduce."""
+    groups = {"dp0": [0, 1, 2, 3], "edp0": [0, 2], "edp1": [1, 3]}
+    b = TraceBuilder(4, groups=groups)
+    t = 0.0
+    for step in range(hang_step + 1):
+        for r in range(4):
+            edp = f"edp{r % 2}"
+            b.collective(r, "dp0", 2 * step + 1, op="reduce_scatter_tensor", start=t, end=t + DT,
+                         call_site="runtime/parallel/data.py:132", step=step)
+            last = step == hang_step
+            if last and r == skipper:
+                b.collective(r, "dp0", 2 * step + 2, start=t + 0.1, end=t + 3.1, status="timeout",
+                             call_site="runtime/parallel/data.py:226", step=step)
+                continue
+            partner_hangs = last and r % 2 == skipper % 2
+            b.collective(r, edp, step + 1, op="reduce_scatter_tensor", start=t + 0.02,
+                         end=t + 3.02 if partner_hangs else t + 0.03, status="timeout" if partner_hangs else "ok",
+                         call_site="runtime/parallel/data.py:132", step=step)
+            if partner_hangs:
+                continue
+            b.collective(r, "dp0", 2 * step + 2, start=t + 0.05, end=t + 3.05 if last else t + 0.06,
+                         status="timeout" if last else "ok", call_site="runtime/parallel/data.py:226", step=step)
+        t += 1.0
+    return b
+
+
+@pytest.mark.parametrize("skipper,hang_step", [(1, 1), (2, 1), (1, 2), (0, 2), (3, 1)])
+def test_class8_a_rank_waiting_earlier_in_its_own_loop_did_not_skip(skipper: int, hang_step: int) -> None:
+    """Class 8 (dp 4 x ep 2, ZeRO-2, one rank skips its reduce_scatter on its expert-data-parallel pair): the
+    majority rule called the skipper's pair partner the root, because 3 of 4 dp members began the loss
+    all_reduce and the partner did not. The partner is blocked in the reduce_scatter its loop issues
+    before that all_reduce: it has not reached it. The skipper went past its reduce_scatter (its previous
+    iteration issued it before the all_reduce): the first deviation, named."""
+    d = diagnose(_zero2_ep(skipper, hang_step).build())
+    assert d.headline is not None and d.headline.kind == "hang", d.verdict
+    assert d.headline.ranks == [skipper], d.verdict
+    assert "reduce_scatter_tensor" in d.headline.title and f"edp{skipper % 2}" in d.headline.title
+
+
+def test_class10_a_live_job_with_nothing_in_flight_is_not_stopped() -> None:
+    """Class 10 (`tui --follow` on a healthy job crying wolf): the first poll of a job that has posted no op
+    yet, or whose ranks are all between ops, read as `STOPPED` (no_op_in_flight), a post-mortem's word. A
+    live job is held back from it; the same trace read as a finished job still says it."""
+    from ncclscope.tui.follow import hold_premature_hang
+    from ncclscope.verdict.compose import run as compose
+
+    b = TraceBuilder(2, groups={"dp0": [0, 1]})
+    for r in range(2):
+        b.heartbeats(r, 0.0, 3.0)
+    trace = b.build()
+    post_mortem = compose(trace)
+    assert post_mortem.verdict.startswith("STOPPED"), post_mortem.verdict
+    live, note = hold_premature_hang(post_mortem, trace)
+    assert not live.verdict.startswith("STOPPED"), live.verdict
+    assert note.startswith("live:")
+    # a hang whose wait is long is still called live
+    b = TraceBuilder(2, groups={"dp0": [0, 1]})
+    b.collective(0, "dp0", 1, start=0.0, end=0.01)
+    b.collective(1, "dp0", 1, start=0.0, end=0.01)
+    b.collective(0, "dp0", 2, start=0.1)
+    b.compute(1, "forward", start=0.1)
+    b.heartbeats(0, 0.0, 60.0)
+    b.heartbeats(1, 0.0, 60.0)
+    trace = b.build()
+    live, note = hold_premature_hang(compose(trace), trace)
+    assert live.verdict.startswith("STUCK IN COMPUTE"), live.verdict

@@ -1,0 +1,140 @@
+"""Stragglers in traces without compute spans (a user's script under `ncclscope run`).
+
+Such a trace has collective rows only (DDP's all-reduces from Flight Recorder; on gloo their ends are
+inferred, not measured), so a slow rank shows only in when it posts its collectives. The effect size is
+then the arrival skew itself (ncclscope/perf/straggler_arrival.py); these cases are hand-built: a slow
+data loader on one rank is named, scheduler noise on shared cores and a single hiccup are not.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ncclscope.perf.straggler_stats import ALPHA, MIN_Z
+from ncclscope.perf.stragglers import analyze_stragglers
+from trace_builder import TraceBuilder
+
+pytestmark = pytest.mark.timeout(60)
+
+STEP = 0.060        # seconds between steps
+WORK = 0.005        # each rank's own work before its step's all-reduce
+
+
+def user_trace(delays, n: int = 4, inferred_ends: bool = False, steps_marked: bool = True,
+               per_step: int = 1) -> object:
+    """`delays[step][rank]`: seconds a rank posts its step's all-reduce(s) after WORK; collectives only.
+    All members leave an instance together just after its last arrival (or, with `inferred_ends`, each
+    row ends where that rank's next op starts, as gloo Flight Recorder rows do)."""
+    b = TraceBuilder(n, groups={"world": list(range(n))}, group_kinds={"world": "world"})
+    rows, seq = [], 0
+    for step, d in enumerate(delays):
+        t = STEP * step
+        for k in range(per_step):
+            seq += 1
+            starts = [t + WORK + float(d[r]) + 0.0005 * k for r in range(n)]
+            rows.append((seq, step, starts, max(starts) + 0.0002))
+    for r in range(n):
+        for i, (seq, step, starts, end) in enumerate(rows):
+            if inferred_ends:
+                end = rows[i + 1][2][r] if i + 1 < len(rows) else starts[r] + 0.001
+            b.collective(r, "world", seq, start=starts[r], end=end, step=step if steps_marked else -1,
+                         message="flight_recorder; completion inferred from a later op" if inferred_ends else "")
+    return b.build()
+
+
+def warnings_of(res) -> list:
+    return [f for f in res.findings if f.severity in ("warning", "error")]
+
+
+def jitter(rng: np.random.Generator, steps: int, n: int, scale: float = 0.001) -> np.ndarray:
+    return rng.uniform(0, scale, size=(steps, n))
+
+
+@pytest.mark.parametrize("inferred_ends", [False, True])
+def test_a_rank_consistently_late_at_every_step_is_named(inferred_ends: bool) -> None:
+    rng = np.random.default_rng(0)
+    d = jitter(rng, 20, 4)
+    d[:, 2] += 0.050                                    # a slow data loader: 50 ms before every batch
+    res = analyze_stragglers(user_trace(d, inferred_ends=inferred_ends))
+    (f,) = warnings_of(res)
+    assert f.kind == "straggler" and f.ranks == [2]
+    assert f.data["effect_from"] == "arrival" and f.data["late_ms"] == pytest.approx(50, abs=2)
+    assert f.data["p_last"] <= ALPHA and f.data["z"] >= MIN_Z and f.data["steps_led"] == 20
+    assert f.data["saving_per_step_ns"] == pytest.approx(50e6, rel=0.06)
+    assert "last to arrive at 100% of its collectives by a median" in f.title and "ms a step" in f.title
+    assert f.evidence and all(e.rank == 2 for e in f.evidence)
+
+
+def test_several_collectives_a_step_count_the_delay_once() -> None:
+    # DDP with three buckets: the late rank posts all three late; the what-if saving is one delay a step
+    d = jitter(np.random.default_rng(1), 12, 4)
+    d[:, 1] += 0.040
+    (f,) = warnings_of(analyze_stragglers(user_trace(d, per_step=3)))
+    assert f.ranks == [1] and f.data["saving_per_step_ns"] == pytest.approx(40e6, rel=0.06)
+
+
+def test_without_steps_every_collective_is_a_trial() -> None:
+    d = jitter(np.random.default_rng(2), 16, 4)
+    d[:, 3] += 0.030
+    (f,) = warnings_of(analyze_stragglers(user_trace(d, steps_marked=False)))
+    assert f.ranks == [3] and f.data["effect_from"] == "arrival"
+
+
+def test_two_ranks_consistently_late_one_is_named() -> None:
+    d = jitter(np.random.default_rng(3), 12, 2)
+    d[:, 0] += 0.040
+    (f,) = warnings_of(analyze_stragglers(user_trace(d, n=2)))
+    assert f.ranks == [0] and f.data["noise_from"].startswith("step-to-step")
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_scheduler_noise_taking_turns_is_silent(seed: int) -> None:
+    # 4 ranks on 2 shared cores: every step someone is descheduled for up to 70% of a step, by turns
+    rng = np.random.default_rng(seed)
+    steps, n = 20, 4
+    d = jitter(rng, steps, n, scale=0.004)
+    late = rng.integers(0, n, size=steps)
+    d[np.arange(steps), late] += rng.uniform(0.0, 0.042, size=steps)
+    res = analyze_stragglers(user_trace(d, inferred_ends=bool(seed % 2)))
+    assert warnings_of(res) == [], [f.title for f in res.findings]
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_every_rank_noisy_every_step_is_silent(seed: int) -> None:
+    # every rank's work between all-reduces swings by 30% (lognormal) each step: someone is always last
+    rng = np.random.default_rng(100 + seed)
+    d = 0.020 * np.exp(0.3 * rng.standard_normal(size=(20, 4)))
+    res = analyze_stragglers(user_trace(d, inferred_ends=True))
+    assert warnings_of(res) == [], [f.title for f in res.findings]
+
+
+def test_a_small_systematic_lateness_is_below_the_floor() -> None:
+    # one rank always last by 3 ms of a 60 ms step (the tracer's own rank 0 on a busy host): consistent,
+    # but not a straggler worth a warning
+    d = jitter(np.random.default_rng(4), 20, 4, scale=0.0005)
+    d[:, 0] += 0.003
+    assert warnings_of(analyze_stragglers(user_trace(d))) == []
+
+
+@pytest.mark.parametrize("hiccup", [0.3, 2.0])
+def test_a_single_very_late_step_is_silent(hiccup: float) -> None:
+    # one rank stalls once (a page-cache miss, a GC pause); its peers wait once, nobody is a straggler
+    d = jitter(np.random.default_rng(5), 20, 4)
+    d[7, 1] += hiccup
+    res = analyze_stragglers(user_trace(d))
+    assert warnings_of(res) == [], [f.title for f in res.findings]
+    for f in res.findings:
+        assert "within this run's noise" in f.title
+
+
+def test_compute_spans_keep_the_compute_rule() -> None:
+    # with compute rows, the compute effect decides as before (no arrival fields in the finding)
+    b = TraceBuilder(4, groups={"dp0": [0, 1, 2, 3]}, coords={r: {"dp": r} for r in range(4)})
+    for step in range(8):
+        t = step * 1.0
+        c = [0.1, 0.1, 0.25, 0.1]
+        for r in range(4):
+            b.compute(r, "forward", t, t + c[r], step=step)
+            b.collective(r, "dp0", step + 1, start=t + c[r], end=t + 0.26, step=step)
+    (f,) = warnings_of(analyze_stragglers(b.build()))
+    assert f.ranks == [2] and "effect_from" not in f.data and "compute" in f.title
