@@ -213,7 +213,9 @@ def _dead(st: pd.DataFrame, ranks: pd.Index, blocking: pd.DataFrame) -> pd.Serie
     # A process that exited non-zero by itself and left no end record at all (os._exit, an extension's
     # exit) blames no peer: an op it left without an end row is where it exited (the end row was queued,
     # never flushed), not a wait. A consequence of a peer's failure leaves its error in the end record.
-    silent_exit = (st["state"] == "failed") & (st["end_status"] == "") & (st["end_message"].astype(str) == "")
+    # (only where the evidence writes end records at all: some other rank has one)
+    silent_exit = (st["state"] == "failed") & (st["end_status"] == "") & (st["end_message"].astype(str) == "") \
+        & bool((st["end_status"] != "").any())
     dead |= ~st["fail_block"] & silent_exit
     # "killed" already excludes the launcher's own end-of-job kills (state "stopped"):
     # a signal that ended a rank before the launcher did is a death, heartbeats or not.
