@@ -128,3 +128,65 @@ def test_class10_a_live_job_with_nothing_in_flight_is_not_stopped() -> None:
     trace = b.build()
     live, note = hold_premature_hang(compose(trace), trace)
     assert live.verdict.startswith("STUCK IN COMPUTE"), live.verdict
+
+
+
+def _tp_dp_wrong_group(sites: bool) -> TraceBuilder:
+    """tp 2 x dp 2 as a Flight Recorder dump reads it (no step numbers): each iteration an all_reduce on the
+    tp group (site A), then one on the dp group (site B), equal sizes. In iteration 2 rank 1 issues its tp
+    all_reduce on its dp group: gloo pairs it with rank 3's B silently, and the job stops in a cycle
+    through all four ranks: 0 waits on 1 in tp0 #3, 1 on 3 in dp1 #4, 3 on 2 in tp1 #4, 2 on 0 in dp0 #3."""
+    b = TraceBuilder(4, groups={"tp0": [0, 1], "tp1": [2, 3], "dp0": [0, 2], "dp1": [1, 3]})
+    A, B = ("train.py:30", "train.py:31") if sites else ("", "")
+    tp, dp = {0: "tp0", 1: "tp0", 2: "tp1", 3: "tp1"}, {0: "dp0", 1: "dp1", 2: "dp0", 3: "dp1"}
+    t = 0.0
+    for k in (1, 2):
+        for r in range(4):
+            b.collective(r, tp[r], k, start=t, end=t + 0.01, call_site=A, step=-1)
+            b.collective(r, dp[r], k, start=t + 0.02, end=t + 0.03, call_site=B, step=-1)
+        t += 0.1
+    hang = dict(start=t + 0.05, end=t + 3.05, status="timeout", step=-1)
+    b.collective(0, "tp0", 3, call_site=A, **hang)
+    b.collective(1, "dp1", 3, start=t, end=t + 0.01, call_site=A, step=-1)          # the wrong group
+    b.collective(1, "dp1", 4, call_site=B, **hang)
+    b.collective(2, "tp1", 3, start=t, end=t + 0.01, call_site=A, step=-1)
+    b.collective(2, "dp0", 3, call_site=B, **hang)
+    b.collective(3, "tp1", 3, start=t, end=t + 0.01, call_site=A, step=-1)
+    b.collective(3, "dp1", 3, start=t + 0.01, end=t + 0.02, call_site=B, step=-1)
+    b.collective(3, "tp1", 4, call_site=A, **hang)
+    return b
+
+
+@pytest.mark.parametrize("sites", [True, False])
+def test_class1_the_rank_whose_loop_broke_inside_a_cycle_is_named(sites: bool) -> None:
+    """Class 1 (tp x dp dumps, one rank's tp all_reduce issued on its dp group, equal sizes): every rank
+    waits on the next in a cycle, and the verdict named all four. Rank 1's own sequence went tp, dp, tp, dp,
+    dp, dp where its loop (and every peer's) goes tp, dp: it left its loop at the wrong call and blocked
+    one call later; the others repeat their loops to the op they wait in."""
+    d = diagnose(_tp_dp_wrong_group(sites).build())
+    assert d.headline is not None and d.headline.ranks == [1], d.verdict
+    assert d.headline.kind in ("hang", "wrong_group"), d.verdict
+
+
+@pytest.mark.parametrize("recorded", [[], [3, 4, 5]])
+def test_class2_dumps_of_a_job_that_stopped_before_communicating_are_never_ok(recorded: list[int]) -> None:
+    """Class 2 (Flight Recorder dumps of a job that hung in process-group creation; raw gloo dumps carry no
+    group table): the verdict was OK. Every rank left a dump and some (or all) hold no op, with nothing in
+    flight: those ranks stopped before their first collective. Never OK, and no one rank blamed."""
+    b = TraceBuilder(6, groups={"row0": [3, 4, 5]} if recorded else {})   # raw gloo dumps: no group table
+    b.run["source"] = "flight_recorder"
+    for r in recorded:
+        b.collective(r, "row0", 1, op="all_gather", start=0.0, end=0.01, step=-1)
+    d = diagnose(b.build())
+    assert d.headline is not None and d.headline.kind == "no_op_in_flight", d.verdict
+    assert d.headline.ranks == list(range(6)) and d.headline.severity == "error"
+    assert "cannot say which rank" in d.headline.title
+
+
+def test_class2_complete_dumps_of_a_healthy_job_stay_ok() -> None:
+    b = TraceBuilder(4, groups={"world": [0, 1, 2, 3]})
+    b.run["source"] = "flight_recorder"
+    for k in range(1, 4):
+        for r in range(4):
+            b.collective(r, "world", k, start=k * 0.1, end=k * 0.1 + 0.01, step=-1)
+    assert diagnose(b.build()).ok

@@ -25,7 +25,7 @@ from ncclscope.findings import Cause, CauseBasis, Departure, Finding
 from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, op_evidence, payload, since, sort_key, waiter_evidence,
                                    waiting_summary)
 from ncclscope.index.labels import rank_label
-from ncclscope.index.repetition import virtual_steps
+from ncclscope.index.repetition import repeats_to_end, virtual_steps
 
 MAX_MEMBERS = 16            # cycle members whose sequences are read
 
@@ -47,6 +47,7 @@ class LoopBreak:
     expected_group: str
     expected_site: str
     iteration: int
+    exact: bool = True               # the break is the blocked call itself
 
 
 def comm_sequence(coll: pd.DataFrame, p2p: pd.DataFrame, rank: int) -> pd.DataFrame:
@@ -59,46 +60,53 @@ def comm_sequence(coll: pd.DataFrame, p2p: pd.DataFrame, rank: int) -> pd.DataFr
     return out.sort_values("op_id", kind="stable").reset_index(drop=True)
 
 
+def _tokens(seq: pd.DataFrame) -> list[str]:
+    return [f"{o}\x1f{g}\x1f{p}\x1f{s}" for o, g, p, s in zip(seq["op_name"], seq["process_group"],
+                                                             seq["peer"].to_numpy(np.int64), seq["call_site"])]
+
+
 def loop_break(seq: pd.DataFrame, rank: int, blocked: set[int]) -> LoopBreak | None:
-    """Where the rank's loop breaks, when that is exactly an op it is blocked in (`blocked`: their op ids;
-    an isend and an irecv posted together are both in flight); else None."""
+    """Where the rank's loop breaks, when that is an op it is blocked in (`blocked`: their op ids; an isend
+    and an irecv posted together are both in flight), or a call of the same iteration before it (a call
+    that went where its loop never sends it, then the block); else None. `exact` in the second case is
+    False: `cycle_leavers` then asks more of the other members."""
     if not len(seq):
         return None
     ops, groups = seq["op_name"].to_numpy(), seq["process_group"].to_numpy()
     peers, sites = seq["peer"].to_numpy(np.int64), seq["call_site"].to_numpy()
-    toks = [f"{o}\x1f{g}\x1f{p}\x1f{s}" for o, g, p, s in zip(ops, groups, peers, sites)]
-    rep = virtual_steps(toks)
+    rep = virtual_steps(_tokens(seq))
     if rep is None:
         return None
     steps, brk = rep
-    op_id = int(seq["op_id"].iloc[brk])
-    if op_id not in blocked:
-        return None
     period = int(np.count_nonzero(steps[:brk] == steps[brk] - 1))
-    if not period:
+    at = np.flatnonzero(seq["op_id"].isin(list(blocked)).to_numpy())
+    if not period or not len(at) or not (brk in at or (brk < at[0] and at[0] - brk < period)):
         return None
     j = brk - period
-    return LoopBreak(rank=rank, op_id=op_id, op=str(ops[brk]), peer=int(peers[brk]), group=str(groups[brk]),
-                     site=str(sites[brk]), expected_op=str(ops[j]), expected_peer=int(peers[j]),
-                     expected_group=str(groups[j]), expected_site=str(sites[j]), iteration=int(steps[brk]))
+    return LoopBreak(rank=rank, op_id=int(seq["op_id"].iloc[brk]), op=str(ops[brk]), peer=int(peers[brk]),
+                     group=str(groups[brk]), site=str(sites[brk]), expected_op=str(ops[j]),
+                     expected_peer=int(peers[j]), expected_group=str(groups[j]), expected_site=str(sites[j]),
+                     iteration=int(steps[brk]), exact=brk in at)
 
 
 def cycle_leavers(coll: pd.DataFrame, p2p: pd.DataFrame, blocking: pd.DataFrame,
                   comp: list[int]) -> list[LoopBreak]:
-    """The members of a wait-for cycle blocked in the call their own loop breaks at, when some but not all
-    are (else nothing: the sequences cannot single anyone out)."""
+    """The members of a wait-for cycle whose own loop breaks at the call they are blocked in (or earlier in
+    that iteration), when some but not all are; a break before the blocked call counts only where every
+    other member keeps its loop to its blocked call. Else nothing: the sequences cannot single anyone out."""
     members = sorted(int(r) for r in comp)[:MAX_MEMBERS]
     b = blocking[blocking["rank"].isin(members).to_numpy()
                  & blocking["kind"].isin([S.KIND_COLLECTIVE, S.KIND_P2P]).to_numpy()]
     blocked = b.groupby("rank")["op_id"].agg(lambda x: {int(v) for v in x}).to_dict()
-    leavers = []
-    for r in members:
-        if r not in blocked:
-            continue
-        d = loop_break(comm_sequence(coll, p2p, r), r, blocked[r])
-        if d is not None:
-            leavers.append(d)
-    return leavers if 0 < len(leavers) < len(members) else []
+    seqs = {r: comm_sequence(coll, p2p, r) for r in members if r in blocked}
+    leavers = [d for r, seq in seqs.items() if (d := loop_break(seq, r, blocked[r])) is not None]
+    if not 0 < len(leavers) < len(members):
+        return []
+    if not all(d.exact for d in leavers):
+        left = {d.rank for d in leavers}
+        if not all(r in seqs and repeats_to_end(_tokens(seqs[r])) for r in members if r not in left):
+            return []
+    return leavers
 
 
 def call_text(op: str, peer: int, group: str) -> str:
@@ -117,13 +125,16 @@ def left_loop_finding(ctx: WaitContext, comp: list[int], cycle: list[int], invol
     summary, start, direct = waiting_summary(ctx, waiters, roots)
     went = call_text(d.op, d.peer, d.group)
     loop = call_text(d.expected_op, d.expected_peer, d.expected_group)
+    verb = "posted" if d.exact else "called"
     title = (f"{rank_label(ctx.trace, roots)} left {'its loop' if len(roots) == 1 else 'their loops'} in "
-             f"iteration {d.iteration + 1}: posted {went} at {d.site} where every earlier iteration posted "
-             f"{loop}" + (f" ({d.expected_site})" if d.expected_site != d.site else ""))
+             f"iteration {d.iteration + 1}: {verb} {went}" + (f" at {d.site}" if d.site else "")
+             + f" where every earlier iteration {verb} {loop}"
+             + (f" ({d.expected_site})" if d.expected_site not in ("", d.site) else ""))
     if summary:
         title += f"; {summary}"
     rb = ctx.blocking[ctx.blocking["rank"].isin(roots)]
-    ev = [op_evidence(r, f"{r.status}: left its loop here{since(ctx.end, r.start_ns, ', since ')}")
+    here = "left its loop here" if d.exact else "blocked here after leaving its loop"
+    ev = [op_evidence(r, f"{r.status}: {here}{since(ctx.end, r.start_ns, ', since ')}")
           for r in rb.itertuples(index=False)]
     ev += waiter_evidence(ctx, waiters, direct, roots)
     dep = Departure(step=-1, call_site=d.expected_site, went_site=d.site, went_op=d.op, position=d.iteration,

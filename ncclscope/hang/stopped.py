@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pandas as pd
 
@@ -85,6 +86,11 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         used |= set(p2p["process_group"].astype(str))
     unused = sorted((n for n, g in ix.recorded.items() if g.kind != "world" and g.size >= 2 and n not in used),
                     key=lambda n: (len(n), n))
+    if not unused and trace.run.source == "flight_recorder":
+        seen = set(coll["rank"].astype(int)) | (set(p2p["rank"].astype(int)) if len(p2p) else set())
+        empty = [r for r in present if r not in seen]
+        if empty:
+            return [_empty_dumps(ix, present, empty)]
     idle = None if unused else _idle_before_dump(ix, present)
     if not unused and (idle is None or not idle["idle"].any()):
         return []
@@ -130,6 +136,30 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         data["went_on"] = others
     return [Finding(kind="no_op_in_flight", severity="error", title=title, ranks=sorted(int(r) for r in stopped),
                     evidence=ev[:60], involved=sorted(int(r) for r in present), data=data)]
+
+
+def _empty_dumps(ix: Any, present: list[int], empty: list[int]) -> Finding:
+    """Flight Recorder dumps, nothing in flight, and some (or all) ranks' dumps hold no op: those ranks
+    stopped before their first recorded collective (process-group creation, a rendezvous, the first
+    compute) while the rest, if any, completed theirs and stopped too. A dump is written when something
+    went wrong or was asked for; such a set shows nothing healthy, and no one rank to blame on its own."""
+    trace = ix.trace
+    n = len(present)
+    if len(empty) == n:
+        head = f"all ranks stopped before their first recorded collective: every one of the {n} Flight " \
+               f"Recorder dumps holds no op"
+    else:
+        went = sorted(r for r in present if r not in empty)
+        head = (f"{rank_label(trace, empty)} stopped before {'its' if len(empty) == 1 else 'their'} first recorded "
+                f"collective (no op in {'its' if len(empty) == 1 else 'their'} Flight Recorder dump"
+                f"{'' if len(empty) == 1 else 's'}) while {rank_label(trace, went)} stopped after "
+                f"{_last_ops(ix, went)}")
+    title = (f"{head}, nothing in flight: the job hung or died before those ranks communicated, for example "
+             f"in process-group creation (the dumps cannot say which rank)")
+    ev = [Evidence(rank=int(r), note="Flight Recorder dump holds no entry") for r in empty[:60]]
+    return Finding(kind="no_op_in_flight", severity="error", title=title, ranks=sorted(int(r) for r in present),
+                   evidence=ev, involved=sorted(int(r) for r in present),
+                   data={"unused_groups": [], "stopped_after": "recording nothing"})
 
 
 def _stopped_evidence(coll: pd.DataFrame, stopped: list[int], others: list[int],
