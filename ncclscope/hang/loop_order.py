@@ -161,6 +161,18 @@ def loop_says(ctx: WaitContext, e: Any) -> bool | None:
                           str(e.process_group), site)
 
 
+def not_reached(ctx: WaitContext, edges: pd.DataFrame) -> np.ndarray:
+    """Per edge: the target has not reached the instance in its own loop (`loop_says` is False). Asked once
+    per instance and target, not per waiter: a world barrier has thousands of waiters on one absent rank."""
+    if not len(edges):
+        return np.zeros(0, dtype=bool)
+    key = ["target", "process_group", "seq"]
+    first = edges.drop_duplicates(key)
+    said = {(e.target, e.process_group, e.seq): loop_says(ctx, e) is False for e in first.itertuples(index=False)}
+    return np.fromiter((said[k] for k in zip(edges["target"], edges["process_group"], edges["seq"])),
+                       dtype=bool, count=len(edges))
+
+
 def loop_passers(ctx: WaitContext, e0: pd.DataFrame) -> pd.DataFrame:
     """Edges with no majority (1 of 2 began) into a target blocked in a collective on another group whose own
     loop put this instance before the op it is blocked in (it went past it), while the waiter did not go

@@ -37,7 +37,7 @@ from ncclscope.hang.census import step_census_deviations
 from ncclscope.hang.loop_departures import cycle_leavers, left_loop_finding
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label, seconds
-from ncclscope.hang.loop_order import loop_leavers, loop_passers, loop_says, looped
+from ncclscope.hang.loop_order import loop_leavers, loop_passers, looped, not_reached
 from ncclscope.index.p2p_pairs import direction
 from ncclscope.index.stack_excerpts import user_frame
 from ncclscope.index.wait_edges import WaitEdges
@@ -211,7 +211,7 @@ def _skip_suspects(ctx: WaitContext, inside: pd.DataFrame) -> pd.DataFrame | Non
         ["waiter", "target", "process_group", "seq"])
     # the first deviation, not the majority: a target that has not reached the instance in its own loop
     # (it waits in an op its loop issues before this one) did not skip it, whatever the others began
-    elsewhere = elsewhere[[loop_says(ctx, e) is not False for e in elsewhere.itertuples(index=False)]]
+    elsewhere = elsewhere[~not_reached(ctx, elsewhere)]
     if not len(elsewhere):
         return None
     first = elsewhere.sort_values("start_ns").iloc[0]
