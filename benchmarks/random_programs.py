@@ -22,7 +22,9 @@ import random
 import shutil
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from collections import defaultdict
 from pathlib import Path
 
@@ -68,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default="", help="comma-separated bug classes: " + ",".join(BUG_NAMES))
     ap.add_argument("--timeout-s", type=float, default=150.0, help="hard limit per job")
     ap.add_argument("--keep-all", action="store_true", help="keep every program's directory, not only misses")
+    ap.add_argument("--jobs", type=int, default=1,
+                    help="programs run at once (a hung job mostly waits on its timeout; 2 on 2 cores)")
     ap.add_argument("--dry-run", action="store_true", help="write the programs and their truth; run nothing")
     ns = ap.parse_args(argv)
     only = [c for c in ns.only.split(",") if c]
@@ -81,56 +85,84 @@ def main(argv: list[str] | None = None) -> int:
     log(f"randprog: seed {ns.seed}, {len(bugs)} programs, out {out}")
     results: list[dict] = []
     t_all = time.monotonic()
-    for index, bug in enumerate(bugs):
-        prog = generate(ns.seed, index, bug, max_world=min(16, max(2, ns.max_world)))
-        t = prog.truth
-        work = work_root / t.name
-        if ns.dry_run:
+    if ns.dry_run:
+        for index, bug in enumerate(bugs):
+            prog = generate(ns.seed, index, bug, max_world=min(16, max(2, ns.max_world)))
+            work = work_root / prog.truth.name
             work.mkdir(parents=True, exist_ok=True)
             (work / prog.filename).write_text(prog.source)
-            (work / "truth.json").write_text(json.dumps(t.to_json(), indent=1))
-            log(f"[{index + 1}/{len(bugs)}] {t.name} world {t.world}: {t.detail}")
-            continue
-        job = run_job(prog, work, ns.timeout_s)
-        row: dict = {"name": t.name, "bug": bug, "world": t.world, "culprits": t.culprits, "detail": t.detail,
-                     "lines": t.lines, "took_s": round(job.took_s, 1), "stopped": job.stopped,
-                     "exits": job.exits, "fr_ranks": job.fr_ranks, "fr_left_out": job.fr_left_out}
-        silent = bug != HEALTHY and CATALOGUE[bug].hangs and job.all_clean
-        failed_healthy = bug == HEALTHY and not job.all_clean
-        row["silent"], row["healthy_job_failed"] = silent, failed_healthy
-        for src in SOURCES:
-            path = work / "run" if src == "run" else work / "fr"
-            if src == "fr" and not job.fr_ranks:
-                row[src] = {"source": src, "right": False, "root": False, "cause": False, "line": None,
-                            "kind": "", "ranks": [], "verdict": "(no Flight Recorder dump)", "no_dumps": True}
-                if bug == HEALTHY:
-                    row[src]["false_alarm"] = False
-                continue
-            rc, rep = analyze(path, work / f"analyze_{src}.json")
-            row[src] = judge(t, prog.filename, rc, rep, src, job.fr_left_out)
-        results.append(row)
-        miss = not silent and not failed_healthy and not all(row[s]["right"] for s in SOURCES)
-        row["miss"] = miss
-        if miss:
-            dst = out / "misses" / t.name
-            if dst.exists():
-                shutil.rmtree(dst)
-            shutil.copytree(work, dst)
-        if not ns.keep_all:
-            shutil.rmtree(work, ignore_errors=True)
-        tag = "SILENT " if silent else "JOBFAIL" if failed_healthy else "miss   " if miss else "ok     "
-        log(f"[{index + 1}/{len(bugs)}] {tag} {t.name:28s} w{t.world} {job.took_s:5.1f}s "
-            f"run {mark(row['run']):4s} {row['run']['kind'] or '-':20s} {row['run']['ranks']} | "
-            f"fr {mark(row['fr']):4s} {row['fr']['kind'] or '-':20s} {row['fr']['ranks']} | truth {t.culprits} {t.detail}")
-        with open(out / "results.jsonl", "a") as fh:
-            fh.write(json.dumps(row) + "\n")
-    if ns.dry_run:
+            (work / "truth.json").write_text(json.dumps(prog.truth.to_json(), indent=1))
+            log(f"[{index + 1}/{len(bugs)}] {prog.truth.name} world {prog.truth.world}: {prog.truth.detail}")
         return 0
+    lock = threading.Lock()
+    done = [0]
+
+    def one(index: int, bug: str) -> dict:
+        row = run_one(ns, out, work_root, index, bug)
+        with lock:
+            done[0] += 1
+            results.append(row)
+            log(f"[{done[0]}/{len(bugs)}] {row_line(row)}")
+            with open(out / "results.jsonl", "a") as fh:
+                fh.write(json.dumps(row) + "\n")
+        return row
+
+    with ThreadPoolExecutor(max_workers=max(1, ns.jobs)) as pool:
+        list(pool.map(lambda ib: one(*ib), enumerate(bugs)))
+    results.sort(key=lambda r: r["name"])
     report = table(results, ns.seed)
     print(report)
     (out / "summary.txt").write_text(report + "\n")
     log(f"randprog: {len(results)} programs in {time.monotonic() - t_all:.0f} s; misses under {out / 'misses'}")
     return 0
+
+
+def run_one(ns: argparse.Namespace, out: Path, work_root: Path, index: int, bug: str) -> dict:
+    """Generate, run and judge one program from both evidence sources; keep it under misses/ if wrong."""
+    prog = generate(ns.seed, index, bug, max_world=min(16, max(2, ns.max_world)))
+    t = prog.truth
+    work = work_root / t.name
+    job = run_job(prog, work, ns.timeout_s)
+    row: dict = {"name": t.name, "bug": bug, "world": t.world, "culprits": t.culprits, "detail": t.detail,
+                 "lines": t.lines, "took_s": round(job.took_s, 1), "stopped": job.stopped,
+                 "exits": job.exits, "fr_ranks": job.fr_ranks, "fr_left_out": job.fr_left_out}
+    silent = bug != HEALTHY and CATALOGUE[bug].hangs and job.all_clean
+    failed_healthy = bug == HEALTHY and not job.all_clean
+    row["silent"], row["healthy_job_failed"] = silent, failed_healthy
+    for src in SOURCES:
+        path = work / "run" if src == "run" else work / "fr"
+        if src == "fr" and bug != HEALTHY and not CATALOGUE[bug].hangs and job.all_clean:
+            # torch writes Flight Recorder dumps on a timeout or an error (or when asked): a plain torchrun
+            # user whose job ended cleanly on every rank has none to give (a slow rank, a NaN)
+            row[src] = {"source": src, "right": True, "root": True, "cause": True, "line": None, "na": True,
+                        "kind": "", "ranks": [], "verdict": "(n/a: the job ended cleanly, so torch wrote no dump)"}
+            continue
+        if src == "fr" and not job.fr_ranks:
+            row[src] = {"source": src, "right": False, "root": False, "cause": False, "line": None,
+                        "kind": "", "ranks": [], "verdict": "(no Flight Recorder dump)", "no_dumps": True}
+            if bug == HEALTHY:
+                row[src]["false_alarm"] = False
+            continue
+        rc, rep = analyze(path, work / f"analyze_{src}.json")
+        row[src] = judge(t, prog.filename, rc, rep, src, job.fr_left_out)
+    miss = not silent and not failed_healthy and not all(row[s]["right"] for s in SOURCES)
+    row["miss"] = miss
+    if miss:
+        dst = out / "misses" / t.name
+        if dst.exists():
+            shutil.rmtree(dst)
+        shutil.copytree(work, dst)
+    if not ns.keep_all:
+        shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
+def row_line(row: dict) -> str:
+    tag = "SILENT " if row["silent"] else "JOBFAIL" if row["healthy_job_failed"] else "miss   " if row["miss"] else "ok     "
+    return (f"{tag} {row['name']:28s} w{row['world']} {row['took_s']:5.1f}s "
+            f"run {mark(row['run']):4s} {row['run']['kind'] or '-':20s} {row['run']['ranks']} | "
+            f"fr {mark(row['fr']):4s} {row['fr']['kind'] or '-':20s} {row['fr']['ranks']} | "
+            f"truth {row['culprits']} {row['detail']}")
 
 
 def table(results: list[dict], seed: int) -> str:
@@ -148,17 +180,23 @@ def table(results: list[dict], seed: int) -> str:
         scored = [r for r in rows if not r["silent"] and not r["healthy_job_failed"]]
         cells = []
         for s in SOURCES:
-            n = len(scored)
-            root = sum(r[s]["root"] for r in scored)
-            cause = sum(r[s]["cause"] for r in scored)
-            right = sum(r[s]["right"] for r in scored)
-            judged = [r for r in scored if r[s].get("line") is not None]
+            mine = [r for r in scored if not r[s].get("na")]     # n/a: no such evidence for this job
+            n = len(mine)
+            if not n and bug != HEALTHY:
+                cells.append(f"{'n/a':>8s} {'':>6s} {'':>6s} {'':>6s}")
+                continue
+            root = sum(r[s]["root"] for r in mine)
+            cause = sum(r[s]["cause"] for r in mine)
+            right = sum(r[s]["right"] for r in mine)
+            judged = [r for r in mine if r[s].get("line") is not None]
             line = sum(bool(r[s]["line"]) for r in judged)
             if bug == HEALTHY:
                 cells.append(f"{'':>8s} {'':>6s} {right:>3d}/{n:<2d} {'-':>6s}")
             else:
                 lcell = f"{line}/{len(judged)}" if judged else "-"
                 cells.append(f"{root:>5d}/{n:<2d} {cause:>3d}/{n:<2d} {right:>3d}/{n:<2d} {lcell:>6s}")
+            if bug == HEALTHY:
+                continue              # the totals are of faulty programs; healthy ones have their own line
             t = tot[s]
             t[0] += root; t[1] += cause; t[2] += right; t[3] += line; t[4] += len(judged); t[5] += n
         lines.append(f"{bug:14s} {len(rows):3d} {len(rows) - len(scored):4d} | " + " | ".join(cells))
@@ -166,7 +204,12 @@ def table(results: list[dict], seed: int) -> str:
     for s in SOURCES:
         root, cause, right, line, judged, n = tot[s]
         cells.append(f"{root:>5d}/{n:<2d} {cause:>3d}/{n:<2d} {right:>3d}/{n:<2d} {line:>3d}/{judged:<2d}")
-    lines.append(f"{'total':14s} {len(results):3d} {'':4s} | " + " | ".join(cells))
+    lines.append(f"{'total faulty':14s} {sum(r['bug'] != HEALTHY for r in results):3d} {'':4s} | " + " | ".join(cells))
+    for s in SOURCES:
+        root, cause, right, line, judged, n = tot[s]
+        pct = lambda a, b: f"{100.0 * a / b:.1f} %" if b else "-"   # noqa: E731
+        lines.append(f"{s}: root {pct(root, n)}, cause {pct(cause, n)}, line {pct(line, judged)} "
+                     f"(faulty programs; n/a rows left out)")
     fa = [r for r in results if r["bug"] == HEALTHY]
     if fa:
         lines.append("healthy: right = no error finding and exit code 0; warned (a warning only): "

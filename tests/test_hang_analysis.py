@@ -221,7 +221,8 @@ def test_rank_that_skipped_a_collective_is_the_root_not_the_ranks_that_timed_out
     h = headline(d)
     assert (h.kind, h.ranks) == ("hang", [3])
     assert d.verdict == ("HANG: rank 3 never posted all_reduce #5 on dp0[0-3] (3 of 4 members did) and went on "
-                         "to all_reduce #1 on tp1[2,3] at train.py:60; ranks 0-2 waiting since 5.0 s in all_reduce #5 on dp0[0-3]")
+                         "to all_reduce #1 on tp1[2,3] at train.py:60 (the others post it at train.py:50); ranks 0-2 waiting "
+                         "since 5.0 s in all_reduce #5 on dp0[0-3]")
     assert h.data["skipped"] == ["dp0", 5]
     assert kinds(d) == [("hang", [3])]
     missing = [f for f in d.findings if f.data.get("missing_participant") and f.ranks == [3]]
@@ -244,8 +245,8 @@ def test_rank_that_exited_normally_while_others_wait_is_the_root():
     d = diagnose(b.build())
     h = headline(d)
     assert (h.kind, h.ranks) == ("hang", [1])
-    assert d.verdict == ("HANG: rank 1 finished (exit 0) without posting all_reduce #3 on dp0[0,1]; "
-                         "rank 0 waiting since 7.0 s in all_reduce #3 on dp0[0,1]")
+    assert d.verdict == ("HANG: rank 1 finished (exit 0) without posting all_reduce #3 on dp0[0,1] (the others "
+                         "post it at train.py:10); rank 0 waiting since 7.0 s in all_reduce #3 on dp0[0,1]")
 
 
 def test_missing_rank_directory_is_the_dead_rank_peers_wait_on():

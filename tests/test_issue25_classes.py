@@ -8,6 +8,7 @@ import pytest
 
 from ncclscope.hang.schedule_check import expected_tokens, find_schedule_deviations
 from ncclscope.schedules import build_schedule
+from ncclscope.verdict.compose import run
 from ncclscope.verdict.diagnose import diagnose
 from trace_builder import TraceBuilder
 
@@ -190,3 +191,146 @@ def test_class2_complete_dumps_of_a_healthy_job_stay_ok() -> None:
         for r in range(4):
             b.collective(r, "world", k, start=k * 0.1, end=k * 0.1 + 0.01, step=-1)
     assert diagnose(b.build()).ok
+
+
+# ---------------------------------------------------------------------------
+# class 11: helpers shared by call sites; a rank that left its loop; the first deviation in iteration 2
+# ---------------------------------------------------------------------------
+def _helper_site() -> str:
+    from ncclscope.runtime.usertrace.callsite import call_site
+    return call_site(depth=1)          # as if the op were issued here, inside a helper
+
+
+def test_class11_a_helpers_call_site_names_the_caller_that_tells_the_calls_apart() -> None:
+    """The tracer wrote the helper's line for every op it issued: two loop lines calling one helper were
+    one site. A site is the user's line and up to two user callers ("a.py:20 < a.py:58"); frames of
+    installed packages (pytest here) end it."""
+    from ncclscope import sites
+    first = _helper_site()
+    second = _helper_site()
+    assert first != second and sites.inner(first) == sites.inner(second)
+    assert all(len(sites.frames(s)) == 2 for s in (first, second))
+    assert all(f.startswith("tests/test_issue25_classes.py:") for s in (first, second) for f in sites.frames(s))
+
+
+LOOP_SCRIPT = """\
+import torch.distributed as dist
+
+
+def sync(t):
+    dist.all_reduce(t)
+
+
+def main(batches):
+    for batch in batches:
+        sync(batch)
+        sync(batch * 2)
+    dist.barrier()
+"""
+
+
+def test_class11_a_rank_that_ran_out_of_data_is_named_with_the_loop_it_left(tmp_path) -> None:
+    """Class 11 (uneven loop counts): the verdict named the post-loop barrier the short rank went on to,
+    never the loop. The loop's header comes from the script's source, where it is still on disk."""
+    script = tmp_path / "train.py"
+    script.write_text(LOOP_SCRIPT)
+    a, b_, after = f"{script}:5 < {script}:10", f"{script}:5 < {script}:11", f"{script}:12"
+    b = TraceBuilder(3)
+    k, t = 0, 0.0
+    for it in range(4):
+        for site in (a, b_):
+            k += 1
+            for r in range(3):
+                if it == 3 and r == 1:
+                    continue
+                last = it == 3 and site == a
+                b.collective(r, "world", k, start=t, end=None if last else t + DT, call_site=site,
+                             status="timeout" if last else "ok")
+            t += 0.05
+            if it == 3:
+                break
+    b.collective(1, "world", 7, op="barrier", start=t, end=None, call_site=after, status="error")
+    for r in range(3):
+        b.rank_state(r, exitcode=1)
+    d = diagnose(b.build())
+    assert d.headline.ranks == [1], d.verdict
+    assert f"in the loop at {script}:9; it left that loop early" in d.verdict, d.verdict
+
+
+def test_class11_a_wrong_peer_in_the_last_iteration_is_not_blamed_on_the_rank_that_finished() -> None:
+    """Ring of 3 (isend to r+1, irecv from r-1) for 4 iterations; in the last, rank 2 sends to rank 1
+    instead of rank 0. Rank 1 received from rank 0 and finished; rank 2 waits on it. The finished rank
+    ran its loop to the end; rank 2's loop broke at the very op it waits in: rank 2 is the root."""
+    site = "ring.py:30 < ring.py:41"
+    b = TraceBuilder(3)
+    t = 0.0
+    for it in range(4):
+        for r in range(3):
+            dst = (r + 1) % 3 if not (it == 3 and r == 2) else 1
+            stuck = it == 3 and r in (2, 0)
+            b.p2p(r, "isend", peer=dst, seq=it + 1, start=t, end=None if it == 3 and r == 2 else t + DT,
+                  call_site=site, status="error" if it == 3 and r == 2 else "ok")
+            b.p2p(r, "irecv", peer=(r - 1) % 3, seq=it + 1, start=t, end=None if stuck else t + DT,
+                  call_site=site, status="error" if stuck else "ok")
+        t += 0.05
+    b.rank_state(1, exitcode=0)
+    b.rank_state(2, exitcode=1)
+    b.rank_state(0, exitcode=1)
+    d = diagnose(b.build())
+    assert d.headline.ranks == [2], d.verdict
+    assert "left its loop in iteration 4" in d.verdict and "isend to rank 1" in d.verdict
+
+
+def test_class11_a_skip_in_the_second_iteration_breaks_a_two_rank_cycle() -> None:
+    """2 ranks; per iteration all_reduce A, reduce B on the world, then a blocking exchange. In iteration 2
+    rank 0 skips B and blocks in its send while rank 1 blocks in B: a cycle. One earlier iteration is all
+    the history, read with one loop shape for both: rank 1 repeats it, rank 0 breaks at its blocked send."""
+    b = TraceBuilder(2)
+    t, k = 0.0, 0
+    for it in range(2):
+        for op in ("all_reduce", "reduce"):
+            k += 1
+            for r in range(2):
+                if it == 1 and r == 0 and op == "reduce":
+                    continue
+                hung = it == 1 and op == "reduce"
+                b.collective(r, "world", k, op=op, start=t, end=None if hung else t + DT, call_site=f"x.py:{10 if op == 'all_reduce' else 11}",
+                             status="timeout" if hung else "ok")
+            t += 0.05
+        for r in range(2):
+            first, second = ("send", "recv") if r == 0 else ("recv", "send")
+            if it == 1 and r == 1:
+                break
+            hung = it == 1
+            b.p2p(r, first, peer=1 - r, seq=it + 1, start=t, end=None if hung else t + DT, call_site="x.py:14",
+                  status="timeout" if hung else "ok")
+            if not hung:
+                b.p2p(r, second, peer=1 - r, seq=it + 1, start=t + DT, end=t + 2 * DT, call_site="x.py:15")
+        t += 0.05
+    for r in range(2):
+        b.rank_state(r, exitcode=1)
+    d = diagnose(b.build())
+    assert d.headline.ranks == [0], d.verdict
+    assert "x.py:11" in d.verdict, d.verdict       # the op it left out: where its earlier iteration was
+
+
+def test_class3_a_slow_rank_is_found_per_loop_iteration_without_step_marks() -> None:
+    """Class 3 (a slow data loader, one rank 50 ms late per step, 2 ranks): a script that never calls an
+    optimizer marks no steps, and each collective was its own trial; the one right after the delay is late
+    and the next arrives together, so 'last at 65 % of collectives' was noise. The loop's iterations
+    (the repeating call sites) are the trials: last in 10 of 10."""
+    b = TraceBuilder(2)
+    t, k = 0.0, 0
+    for it in range(10):
+        for j, site in enumerate(("s.py:20", "s.py:21")):
+            k += 1
+            for r in range(2):
+                late = 0.05 if (r == 1 and j == 0) else 0.0
+                b.collective(r, "world", k, start=t + late, end=t + 0.05 + 0.002, call_site=site, step=0)
+            t += 0.06
+        t += 0.01
+    for r in range(2):
+        b.rank_state(r, exitcode=0)
+    a = run(b.build())
+    assert a.verdict.startswith("STRAGGLER: rank 1 is a straggler"), a.verdict
+    assert "last in 10 of 10 steps" in a.verdict

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from ncclscope.sites import inner as inner_site
+
 from conftest import ROOT, cli_env, cli_in_process
 
 pytestmark = [pytest.mark.spawn, pytest.mark.e2e]
@@ -111,7 +113,7 @@ def deviating_sites(run_dir: Path, finding: dict) -> set[str]:
     for ev in finding["evidence"]:
         if ev["rank"] in finding["ranks"] and ev.get("op_id", -1) >= 0:
             hit = t[(t["rank"] == ev["rank"]) & (t["op_id"] == ev["op_id"])]
-            sites.update(str(s) for s in hit["call_site"])
+            sites.update(inner_site(str(s)) for s in hit["call_site"])
     return sites
 
 
@@ -134,7 +136,7 @@ def test_ddp_healthy_traced_directly_and_through_flight_recorder(ddp_healthy):
     for r in (0, 1):
         assert (direct["rank"] == r).sum() == 1          # the script's own all_reduce
         assert ((fr["rank"] == r) & (fr["op_name"] == "all_reduce")).sum() == 3   # DDP's reducer, once per step
-    assert set(direct["call_site"]) == {f"examples/ddp.py:{line_of('examples/ddp.py', 'the job' + chr(39) + 's own')}"}
+    assert {inner_site(s) for s in direct["call_site"]} == {f"examples/ddp.py:{line_of('examples/ddp.py', 'the job' + chr(39) + 's own')}"}
     assert (t["status"] == "ok").all()
     run = json.loads((out / "run.json").read_text())
     assert run["end_reason"] == "completed" and {v["exitcode"] for v in run["ranks"].values()} == {0}
@@ -198,7 +200,7 @@ def test_a_script_that_raises_on_one_rank_keeps_its_exception_and_exit_code(tmp_
     assert meta["end"]["status"] == "error" and "ValueError" in meta["end"]["message"]
     # the evidence of where it raised, for the went-past-a-collective rule: its frames, and each site's function
     assert re.search(r'raises\.py", line 10 in <module> \(def line 1\)', (out / "rank-00001" / "stacks.txt").read_text())
-    assert {s.rsplit(":", 1)[1]: f for s, f in meta["call_sites"].items()} == {"8": ["<module>", 1]}   # line 11 never ran there
+    assert {inner_site(s).rsplit(":", 1)[1]: f for s, f in meta["call_sites"].items()} == {"8": ["<module>", 1]}   # line 11 never ran there
     run = json.loads((out / "run.json").read_text())
     assert run["end_reason"] == "rank_failed" and run["ranks"]["1"]["exitcode"] == 1
 
@@ -243,7 +245,9 @@ def test_fsdp2_uneven_data_is_diagnosed(tmp_path):
     f = headline(rep)
     # rank 1 ran out of batches and went to the end-of-run all_reduce where its peers all-gather for FSDP2
     assert f["kind"] == "collective_mismatch" and f["ranks"] == [1], rep["verdict"]
-    assert f"(its call at examples/fsdp2.py:{line_of('examples/fsdp2.py', 'dist.all_reduce(total)')})" in f["title"]
+    assert f"(its call at examples/fsdp2.py:{line_of('examples/fsdp2.py', 'dist.all_reduce(total)')} <" in f["title"]
+    # the loop it left, read from the script's source: the line a user edits
+    assert f"in the loop at examples/fsdp2.py:{line_of('examples/fsdp2.py', 'for x, y in batches:')}; it left that loop early" in f["title"]
 
 
 def test_dtensor_2d_mesh_healthy_groups_recorded_on_every_rank(tmp_path):
@@ -282,8 +286,9 @@ def test_dtensor_foreign_group_is_a_wrong_group_at_the_call_site(tmp_path):
                          "--timeout", "3")
     rep = analyze_failed(out, proc)
     line = line_of("examples/dtensor_tp.py", "dist.all_reduce(g, group=group)")
-    assert rep["verdict"].startswith(f"WRONG GROUP: rank 3 called all_reduce at examples/dtensor_tp.py:{line} on a "
-                                     "process group it is not a member of"), rep["verdict"]
+    # the innermost user frame first, then its callers (" < "), then the cause
+    assert rep["verdict"].startswith(f"WRONG GROUP: rank 3 called all_reduce at examples/dtensor_tp.py:{line} <"), rep["verdict"]
+    assert "on a process group it is not a member of" in rep["verdict"]
     heads = [f for f in rep["findings"] if f["data"].get("role") == "headline"]
     assert heads and (heads[0]["kind"], heads[0]["ranks"]) == ("wrong_group", [3]), rep["verdict"]
 

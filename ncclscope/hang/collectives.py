@@ -41,6 +41,7 @@ from ncclscope.hang.a2a import split_deviations
 from ncclscope.index.views import IndexLike, TraceIndex, as_index
 from ncclscope.index.instances import find_deviations, find_history_deviations, merge_history, near_instances, type_value
 from ncclscope.index.labels import fmt_ranks, rank_label
+from ncclscope.index.source_loops import cwds_of, left_loop_note
 from ncclscope.hang.wording import since as since_text
 
 if TYPE_CHECKING:
@@ -93,11 +94,14 @@ def _mismatch_findings(ix: TraceIndex, dev: pd.DataFrame, max_per_group: int) ->
     return findings
 
 
-def _deviant_site(inst: pd.DataFrame, ranks: list[int]) -> str:
-    """The call site the (first) deviant rank issued the instance from, "" when not recorded."""
+def _deviant_site(inst: pd.DataFrame, ranks: list[int], common: bool = False) -> str:
+    """The call site the (first) deviant rank issued the instance from (`common`: the one most of
+    `ranks` issued it from), "" when not recorded."""
     mine = inst[inst["rank"].isin(ranks)]["call_site"].astype(str) if "call_site" in inst.columns else pd.Series([], dtype=str)
     mine = mine[mine != ""]
-    return str(mine.iloc[0]) if len(mine) else ""
+    if not len(mine):
+        return ""
+    return str(mine.mode().iloc[0]) if common else str(mine.iloc[0])
 
 
 def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: pd.DataFrame) -> Finding:
@@ -128,8 +132,11 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
     glabel = ix.label(g)
     title = f"{rank_label(trace, named)} deviates in {op} #{k} on {glabel}: " + "; ".join(parts)
     site = _deviant_site(inst, named)
-    if site:                         # the user's line to look at
-        title += f" ({'its' if len(named) == 1 else 'their'} call at {site})"
+    theirs = _deviant_site(inst, sorted(set(int(r) for r in inst["rank"]) - set(int(x) for x in rows["rank"])), common=True)
+    if site:                         # the user's line to look at, and the peers' where it differs
+        title += (f" ({'its' if len(named) == 1 else 'their'} call at {site}"
+                  + (f"; the others' at {theirs}{left_loop_note(cwds_of(trace), theirs, [site])}"
+                     if theirs and theirs != site else "") + ")")
     absent = sorted(set(members.get(g, [])) - set(int(r) for r in inst["rank"]))
     if absent and history:
         how = _end_states(trace, absent)

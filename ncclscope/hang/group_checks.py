@@ -34,7 +34,7 @@ from ncclscope.findings import Cause, Evidence, Finding, InstanceRef, WaitSummar
 from ncclscope.index.views import IndexLike, TraceIndex, as_index
 from ncclscope.hang.group_order import creation_order_findings
 from ncclscope.index.instances import near_instances
-from ncclscope.index.labels import group_label, kind_of, majority_vote, rank_label
+from ncclscope.index.labels import created_at, group_label, kind_of, majority_vote, rank_label
 from ncclscope.index.membership import INFERRED_PREFIX
 from ncclscope.hang.wording import duration, wait_seconds, wait_since
 from ncclscope.hang.wrong_site import WRONG_GROUP_LAYOUT, find_wrong_group_by_site
@@ -150,6 +150,7 @@ def _view_finding(trace: Trace, attr: str, odd: list[int], names: list[str], sub
             title = f"{who} {verb} on the members of {len(names)} groups ({diffs}{more})"
     if tie:
         title = f"ambiguous (tie), naming the lowest rank: {title}"
+    title += created_at(trace, odd[:1], names[0])
     ev = [Evidence(rank=int(r), note=f"view of {g} {what}: {shown(v)} (majority {shown(m)})", process_group=str(g))
           for r, g, v, m in sub.sort_values(["rank", "process_group"])[["rank", "process_group", attr, "majority"]]
           .head(24).itertuples(index=False)]
@@ -340,7 +341,7 @@ def _wrong_group_finding(ix: TraceIndex, g: str, k: int, sub: pd.DataFrame, inst
     step = int(row["step"])
     title = (f"{rank_label(trace, deviants)} called {row['op_name']} on {ix.label(h)} "
              f"instead of {ix.label(g)} (#{k}) at {site}"
-             + (f" (step {step})" if step >= 0 else ""))
+             + (f" (step {step})" if step >= 0 else "") + created_at(trace, deviants, h))
     since = wait_since(ix.end_ns, waiting["start_ns"])
     if len(waiting):
         title += (f"; {rank_label(trace, waiting['rank'])} waiting in {row['op_name']} #{k} on {g}"

@@ -40,7 +40,7 @@ import pandas as pd
 
 from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, InstanceRef
 from ncclscope.index.views import IndexLike, TraceIndex, as_index
-from ncclscope.index.labels import rank_label
+from ncclscope.index.labels import created_at, rank_label
 
 MIN_CROSSED = 2                   # a permutation crosses at least two groups
 MAX_FINDINGS = 8
@@ -283,6 +283,7 @@ def _finding(ix: TraceIndex, use: pd.DataFrame, r: int, crossed: list[dict], tit
     involved = sorted({r} | {x for c in crossed for x in c["their_ranks"]})
     names = [c["name"] for c in crossed]
     inst = InstanceRef(ev[0].process_group, ev[0].seq) if ev and ev[0].rank == r else None
+    title += created_at(ix.trace, [r], crossed[0]["mine"])   # the user's new_group line, where recorded
     return Finding(kind="group_mismatch", severity="error", title=title, ranks=[r], evidence=ev,
                    instance=inst, involved=involved,
                    data={"attribute": "creation_order", "process_group": crossed[0]["mine"], "groups": names,

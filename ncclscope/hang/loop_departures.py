@@ -25,7 +25,7 @@ from ncclscope.findings import Cause, CauseBasis, Departure, Finding
 from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, op_evidence, payload, since, sort_key, waiter_evidence,
                                    waiting_summary)
 from ncclscope.index.labels import rank_label
-from ncclscope.index.repetition import repeats_to_end, virtual_steps
+from ncclscope.index.repetition import MAX_PERIOD, repeats_to_end, virtual_steps
 
 MAX_MEMBERS = 16            # cycle members whose sequences are read
 
@@ -100,13 +100,94 @@ def cycle_leavers(coll: pd.DataFrame, p2p: pd.DataFrame, blocking: pd.DataFrame,
     blocked = b.groupby("rank")["op_id"].agg(lambda x: {int(v) for v in x}).to_dict()
     seqs = {r: comm_sequence(coll, p2p, r) for r in members if r in blocked}
     leavers = [d for r, seq in seqs.items() if (d := loop_break(seq, r, blocked[r])) is not None]
-    if not 0 < len(leavers) < len(members):
+    if not leavers:
+        return _early_leavers(seqs, blocked, members)
+    if len(leavers) >= len(members):
         return []
     if not all(d.exact for d in leavers):
         left = {d.rank for d in leavers}
         if not all(r in seqs and repeats_to_end(_tokens(seqs[r])) for r in members if r not in left):
             return []
     return leavers
+
+
+def waiter_leavers(coll: pd.DataFrame, p2p: pd.DataFrame, blocking: pd.DataFrame, waiters: list[int],
+                   target_seq: pd.DataFrame) -> list[LoopBreak]:
+    """Waiters on a rank that finished whose own loop breaks exactly at the op they wait in, when the
+    finished rank's sequence repeats its loop to its end: it ran its program out, and they asked it for
+    a call their loop never makes (a send to the wrong peer in the last iteration). A finished rank that
+    left its loop early (its data ran out) does not repeat to its end; then nothing is returned."""
+    if not repeats_to_end(_tokens(target_seq)):
+        return []
+    b = blocking[blocking["rank"].isin(waiters[:MAX_MEMBERS]).to_numpy()
+                 & blocking["kind"].isin([S.KIND_COLLECTIVE, S.KIND_P2P]).to_numpy()]
+    blocked = b.groupby("rank")["op_id"].agg(lambda x: {int(v) for v in x}).to_dict()
+    out = []
+    for r, ids in blocked.items():
+        d = loop_break(comm_sequence(coll, p2p, int(r)), int(r), ids)
+        if d is not None and d.exact:
+            out.append(d)
+    return out
+
+
+def _early_leavers(seqs: dict[int, pd.DataFrame], blocked: dict[int, set[int]], members: list[int]) -> list[LoopBreak]:
+    """A cycle formed in the loop's second iteration: one earlier iteration is all the history there is.
+
+    With one iteration almost any tail fits some period of its own, so every member is read with the
+    same loop shape (every rank runs the same program): a setup prefix `o` and a period `p`, iteration 0
+    = calls [o, o + p), the rest its partial second iteration. A member is kept when its partial
+    iteration repeats iteration 0; a leaver's repeats it up to its first blocked op and differs there.
+    Of the shapes that split the members into both (no member breaking anywhere else), the one under
+    which the most calls repeat is the loop; a tie between shapes naming other leavers names nobody."""
+    toks = {r: _tokens(seq) for r, seq in seqs.items()}
+    at = {r: np.flatnonzero(seq["op_id"].isin(list(blocked[r])).to_numpy()) for r, seq in seqs.items()}
+    if len(toks) < len(members) or any(not len(a) for a in at.values()):
+        return []
+    shortest = min(len(t) for t in toks.values())
+    best: dict[int, set[tuple[frozenset[int], int]]] = {}
+    for p in range(1, min(MAX_PERIOD, shortest) + 1):
+        for o in range(0, shortest - p):
+            got = _split(toks, at, o, p)
+            if got is not None:
+                best.setdefault(got[1], set()).add((got[0], p))
+    if not best:
+        return []
+    top = best[max(best)]
+    if len({left for left, _ in top}) != 1:
+        return []
+    left, p = min(top, key=lambda lp: lp[1])
+    out = []
+    for r in sorted(left):
+        seq, i = seqs[r], int(at[r][0])
+        j = i - p
+        out.append(LoopBreak(rank=r, op_id=int(seq["op_id"].iloc[i]), op=str(seq["op_name"].iloc[i]),
+                             peer=int(seq["peer"].iloc[i]), group=str(seq["process_group"].iloc[i]),
+                             site=str(seq["call_site"].iloc[i]), expected_op=str(seq["op_name"].iloc[j]),
+                             expected_peer=int(seq["peer"].iloc[j]),
+                             expected_group=str(seq["process_group"].iloc[j]),
+                             expected_site=str(seq["call_site"].iloc[j]), iteration=1))
+    return out
+
+
+def _split(toks: dict[int, list[str]], at: dict[int, np.ndarray], o: int, p: int
+           ) -> tuple[frozenset[int], int] | None:
+    """(the leavers, calls that repeat) under loop shape (o, p); None when it does not split the members
+    into leavers and kept ones."""
+    left, kept, repeated = set(), 0, 0
+    for r, t in toks.items():
+        n = len(t)
+        if o + p >= n:
+            return None                          # no second iteration begun under this shape
+        first_bad = next((k for k in range(o + p, n) if t[k] != t[k - p]), None)
+        if first_bad is None:
+            kept += 1
+            repeated += n - o - p
+        elif first_bad == int(at[r][0]):
+            left.add(r)
+            repeated += first_bad - o - p
+        else:
+            return None
+    return (frozenset(left), repeated) if left and kept else None
 
 
 def call_text(op: str, peer: int, group: str) -> str:

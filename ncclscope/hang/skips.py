@@ -20,6 +20,7 @@ import pandas as pd
 
 from ncclscope.hang.census import CENSUS_COLUMNS, step_census_deviations
 from ncclscope.index.repetition import virtual_steps
+from ncclscope import sites
 
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
 
@@ -31,11 +32,11 @@ def stack_call_sites(text: str) -> list[str]:
                                                                                     max_chars=20000))]
 
 
-def _site_in_stack(sites: list[str], known: set[str]) -> str:
-    """The innermost stack frame that is one of the `known` call sites (suffix match on path:line)."""
-    for s in sites:
+def _site_in_stack(stack: list[str], known: set[str]) -> str:
+    """The known call site whose frames sit innermost in the stack (suffix match on path:line)."""
+    for i in range(len(stack)):
         for k in known:
-            if k and (s == k or s.endswith("/" + k)):
+            if k and sites.in_stack(stack[i:i + len(sites.frames(k))], k):
                 return k
     return ""
 
@@ -152,8 +153,8 @@ def _past_rule(trace, coll: pd.DataFrame, r: int, site: str, step: int):
     where the dump says its def line (the runtime's exception dumps do), else the name. A loop that
     issued Y earlier in the step and is past it again is excluded by the no-Y-in-this-step test."""
     text = (getattr(trace, "stacks", None) or {}).get(r, "")
-    path, _, line = site.rpartition(":")
-    if not text.strip() or not path or not line.isdigit():
+    path, line = sites.path_line(sites.inner(site))
+    if not text.strip() or line < 0:
         return None
     info = next((i.call_sites[site] for q, i in sorted(trace.ranks.items(), key=lambda kv: kv[0] != r)
                  if site in i.call_sites), None)
@@ -173,7 +174,7 @@ def _past_rule(trace, coll: pd.DataFrame, r: int, site: str, step: int):
         if m.group(4) is not None and int(m.group(4)) != first:
             continue
         at = int(m.group(2))
-        if at > int(line):
+        if at > line:
             return ("traceback", "", f"its last stack shows it at line {at} of {func} ({path}), past the "
                                      f"line {line} collective it issued there in earlier steps")
         return None                                      # in Y's function, not past Y

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, InstanceRef, WaitSummary, WrongCall
 from ncclscope.index.views import IndexLike, TraceIndex, as_index
-from ncclscope.index.labels import kind_of, rank_label
+from ncclscope.index.labels import created_at, kind_of, rank_label
 from ncclscope.hang.wording import duration, wait_seconds, wait_since
 
 
@@ -115,7 +115,7 @@ def _site_finding(ix: TraceIndex, r, g: str, k: int, peers: pd.DataFrame) -> Fin
     peer_sites = ", ".join(sorted(set(peers["call_site"].astype(str))))
     title = (f"{rank_label(trace, [b])} called {r.op_name} on {ix.label(h)} instead of {ix.label(g)} at {site} "
              f"(#{int(r.collective_seq_id)} on {h}, which its peers entered from {peer_sites}; every other "
-             f"call from {site} is on a group like {g})")
+             f"call from {site} is on a group like {g})" + created_at(trace, [b], h))
     since = wait_since(ix.end_ns, waiting["start_ns"])
     if len(waiting):
         title += (f"; {rank_label(trace, waiting['rank'])} waiting in {waiting['op_name'].iloc[0]} #{k} on {g}"

@@ -10,7 +10,7 @@ wait-for graph import each other's ideas without an import cycle.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
 import pandas as pd
@@ -164,3 +164,14 @@ def sorted_categorical(s: pd.Series) -> pd.Categorical:
     return pd.Categorical.from_codes(remap[codes].astype(small),
                                      categories=pd.Index([str(u) for u in uniq], dtype="str"))
 
+
+
+def created_at(trace: Any, ranks: Any, group: str) -> str:
+    """"; rank R created G at SITE" from the first of `ranks` whose rank.json says where it created the
+    group (the user's new_group / init_device_mesh line), "" when none does."""
+    for r in ranks:
+        info = trace.ranks.get(int(r))
+        site = info.group_sites.get(group, "") if info is not None else ""
+        if site:
+            return f"; rank {int(r)} created {group} at {site}"
+    return ""

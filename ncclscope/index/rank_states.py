@@ -7,12 +7,16 @@ with no blocking op is computing (an inflight compute span, or heartbeats to
 the end), finished, idle, or dead: missing directory, heartbeats stopped long
 before the end while others' continued, killed/failed without being blocked in
 comm itself. Ranks the launcher stopped at the end are not deaths; a rank a
-signal killed first is, whatever its heartbeats.
+signal killed first is, whatever its heartbeats. A rank with no data from an
+input that records a sample of ranks (profiler traces: one or two of a
+128-rank job is the norm) is *untraced*: no evidence of anything, so neither
+dead nor a root.
 
 `end_states(trace)` is what the index stores: blocking ops of the live ranks,
-computing spans, and one row per rank (`role`: dead / blocked / computing /
-finished / idle, with the reason a dead rank is dead). Vectorised: merges and
-groupbys over the ops; per-rank Python only for the few dead ranks' sentences.
+computing spans, and one row per rank (`role`: dead / untraced / blocked /
+computing / finished / idle, with the reason a dead rank is dead). Vectorised:
+merges and groupbys over the ops; per-rank Python only for the few dead ranks'
+sentences.
 """
 from __future__ import annotations
 
@@ -164,14 +168,15 @@ def rank_states(trace: Trace, ops: pd.DataFrame, blocking: pd.DataFrame, computi
     steps.index = steps.index.astype("int64")
     st["last_step"] = steps.reindex(ranks).fillna(-1).astype("int64")
 
+    st["untraced"] = untraced(trace, st)
     dead = _dead(st, ranks, blocking)
     st["dead"] = dead
     # Heartbeats to the end say a rank was alive, not that it was working: one that then ended of itself
     # (exit 0) had finished its script and was only winding down (destroy_process_group, exit handlers).
     st["computing"] = ~dead & ~st["blocked"] & ((st["computing_op"] != "")
                                                 | (st["hb_alive"] & (st["state"] != "finished")))
-    st["role"] = np.select([st["dead"], st["blocked"], st["computing"], st["state"] == "finished"],
-                           ["dead", "blocked", "computing", "finished"], "idle")
+    st["role"] = np.select([st["dead"], st["untraced"], st["blocked"], st["computing"], st["state"] == "finished"],
+                           ["dead", "untraced", "blocked", "computing", "finished"], "idle")
     st["dead_reason"] = ""
     if st["dead"].any():
         st.loc[st["dead"], "dead_reason"] = [_dead_reason(trace, r, row) for r, row in st[st["dead"]].iterrows()]
@@ -185,14 +190,22 @@ PEER_ERROR = (r"(?i)connection (?:closed|reset|refused)|(?:closed|reset) by peer
 
 _MISSING = {
     "flight_recorder": "left no Flight Recorder dump (it died before its dump was written, or the file is gone)",
-    "torch_profiler": "left no profiler trace (it died before writing it, or the file is gone)",
 }
+# Inputs where recording only some ranks is how they are made (a profiler trace per rank costs GBs, so jobs
+# profile a sample): a rank without a file there was not traced, which says nothing about how it ended.
+SAMPLED_SOURCES = frozenset({"torch_profiler"})
+
+
+def untraced(trace: Trace, st: pd.DataFrame) -> pd.Series:
+    """Ranks with no data from an input that records a sample of ranks: not dead, not waited on, unknown."""
+    return (st["state"] == "missing") & (trace.run.source in SAMPLED_SOURCES)
 _MISSING_DEFAULT = "left no trace directory (it died before writing, or its files are gone)"
 
 
 def _dead(st: pd.DataFrame, ranks: pd.Index, blocking: pd.DataFrame) -> pd.Series:
-    """Which ranks are dead: missing, silent, or ended of their own failure (not a peer's); the rules in order."""
-    missing = st["state"] == "missing"
+    """Which ranks are dead: missing (not merely untraced), silent, or ended of their own failure (not a
+    peer's); the rules in order."""
+    missing = (st["state"] == "missing") & ~st["untraced"]
     killed_or_failed = st["state"].isin(["killed", "failed"])
     not_blocked = ~st["blocked"] & (st["computing_op"] == "")
     dead = missing.copy()
@@ -251,7 +264,8 @@ def _dead_reason(trace: Trace, r: int, row: pd.Series) -> str:
         head = "failed" + (f" ({code}{': ' if code and msg else ''}{msg})" if code or msg else "") + at_step
         if msg:   # where its error was raised: the user's frame of the dump its exception left
             frame, _ = user_frame(trace, r, -1, trace.end_ns, latest=True)
-            head += f", raised at {frame}" if frame else ""
+            verb = "called" if msg.startswith("os._exit(") else "raised"   # usertrace evidence.watch_exit
+            head += f", {verb} at {frame}" if frame else ""
     elif life:
         return f"stopped {life}{at_step.replace(' at ', ', last at ')}"
     else:

@@ -21,24 +21,24 @@ MAX_PERIOD = 64          # call sites per iteration, at most (a longer loop body
 MIN_REPEATS = 2          # whole iterations before the deviation: one is not a pattern
 
 
-def virtual_steps(sites: list[str]) -> tuple[np.ndarray, int] | None:
+def virtual_steps(sites: list[str], min_repeats: int = MIN_REPEATS) -> tuple[np.ndarray, int] | None:
     """(virtual step of each call, index of the first call that breaks the repetition), or None when the
     sequence never repeats MIN_REPEATS times or never breaks. Calls before the loop get step -1.
 
     The period p and phase o chosen are those whose repetition lasts longest (the first j >= o + p with
     sites[j] != sites[j - p] is as late as possible), the shortest such period on a tie."""
     n = len(sites)
-    if n < 2 * MIN_REPEATS + 1:
+    if n < 2 * min_repeats + 1:
         return None
     codes = pd.factorize(pd.Series(sites, dtype=object))[0]
     best: tuple[int, int, int] | None = None          # (break index, -p, -o)
-    for p in range(1, min(MAX_PERIOD, n // MIN_REPEATS) + 1):
+    for p in range(1, min(MAX_PERIOD, n // min_repeats) + 1):
         ok = codes[p:] == codes[:-p]                  # ok[j - p]: call j repeats call j - p
         for o in range(p):
             tail = ok[o:]
             bad = np.flatnonzero(~tail)
             brk = o + p + int(bad[0]) if len(bad) else n
-            if brk - o < MIN_REPEATS * p or brk >= n:
+            if brk - o < min_repeats * p or brk >= n:
                 continue
             cand = (brk, -p, -o)
             if best is None or cand > best:
@@ -50,17 +50,46 @@ def virtual_steps(sites: list[str]) -> tuple[np.ndarray, int] | None:
     return np.where(idx >= o, (idx - o) // p, -1), brk
 
 
-def repeats_to_end(sites: list[str]) -> bool:
+def repeats_to_end(sites: list[str], min_repeats: int = MIN_REPEATS) -> bool:
     """Does the sequence, to its last call, repeat one loop body at least MIN_REPEATS times (setup calls
     before the loop aside)? The poster of an unmatched op, or a waiter, that does what it does every
     iteration."""
     n = len(sites)
-    if n < 2 * MIN_REPEATS + 1:
+    if n < 2 * min_repeats + 1:
         return False
     codes = pd.factorize(pd.Series(sites, dtype=object))[0]
-    for p in range(1, min(MAX_PERIOD, n // MIN_REPEATS) + 1):
+    for p in range(1, min(MAX_PERIOD, n // min_repeats) + 1):
         bad = np.flatnonzero(codes[p:] != codes[:-p])
         start = int(bad[-1]) + 1 if len(bad) else 0       # calls from here on repeat with period p
-        if n - start >= MIN_REPEATS * p + 1:
+        if n - start >= min_repeats * p + 1:
             return True
     return False
+
+
+MIN_ITERATIONS = 3       # loop_iterations: fewer whole repetitions are not a loop to count on
+
+
+def loop_iterations(sites: list[str]) -> np.ndarray | None:
+    """Iteration of each call of a sequence that repeats one loop body to its end (setup calls before
+    the loop get -1), or None when no period repeats MIN_ITERATIONS times. The period is the one whose
+    repetition starts earliest (covers most calls), the shortest on a tie. A healthy run's iterations:
+    what a rank did per pass of its training loop when the script marks no steps.
+
+        >>> loop_iterations(["init", "a", "b", "a", "b", "a", "b"]).tolist()
+        [-1, 0, 0, 1, 1, 2, 2]
+    """
+    n = len(sites)
+    if n < MIN_ITERATIONS:
+        return None
+    codes = pd.factorize(pd.Series(sites, dtype=object))[0]
+    best: tuple[int, int] | None = None               # (start, p)
+    for p in range(1, min(MAX_PERIOD, n // MIN_ITERATIONS) + 1):
+        bad = np.flatnonzero(codes[p:] != codes[:-p])
+        start = int(bad[-1]) + 1 if len(bad) else 0   # calls from here on repeat with period p
+        if n - start >= MIN_ITERATIONS * p and (best is None or start < best[0]):
+            best = (start, p)
+    if best is None:
+        return None
+    start, p = best
+    idx = np.arange(n)
+    return np.where(idx >= start, (idx - start) // p, -1)

@@ -57,6 +57,8 @@ class RankInfo:
     stopped_by_launcher: bool = False      # still running when the launcher ended the job
     # call site -> (function name, its def line), from rank.json `call_sites` (the runtime's own traces)
     call_sites: dict[str, tuple[str, int]] = field(default_factory=dict)
+    cwd: str = ""                          # the process's working directory (relative call sites are in it)
+    group_sites: dict[str, str] = field(default_factory=dict)   # group -> the line that created it (usertrace)
 
     @property
     def died(self) -> bool:
@@ -202,6 +204,13 @@ def _bound_world(data: dict[str, Any], root: Path, where: Path, warnings: list[s
 
 
 _int = safe_io.trace_int     # an int from input, bounded to |x| <= 2**53, else the default
+
+
+def _group_sites(value: Any, limit: int = 100_000) -> dict[str, str]:
+    """rank.json `group_sites` ({group: call site}); entries of any other shape are dropped."""
+    if not isinstance(value, dict):
+        return {}
+    return {str(k)[:200]: v[:2000] for k, v in list(value.items())[:limit] if isinstance(v, str)}
 
 
 def _call_sites(value: Any, limit: int = 100_000) -> dict[str, tuple[str, int]]:
@@ -363,6 +372,8 @@ def _rank_info(r: int, meta: dict[str, Any]) -> RankInfo:
         coords={str(k): _int(v) for k, v in coords.items()},
         end_status=str(end.get("status", "")), end_message=str(end.get("message", "")),
         call_sites=_call_sites(meta.get("call_sites")),
+        cwd=str(meta.get("cwd", ""))[:4096],
+        group_sites=_group_sites(meta.get("group_sites")),
     )
 
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ncclscope.index.repetition import loop_iterations
 from ncclscope.perf.straggler_stats import ARRIVAL, NOISE_FLOOR, robust_sigma, spread_sigma
 
 
@@ -75,6 +76,38 @@ def arrival_lateness(coll: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     if not len(out):
         return pd.DataFrame(cols)
     return out.groupby(["rank", "step"], as_index=False, sort=True).max()
+
+
+def loop_steps(ops: pd.DataFrame, coll: pd.DataFrame, inst: pd.DataFrame
+               ) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """(coll, inst) with each instance's step the iteration of the loop it was issued in, for a trace
+    that marks no steps: each rank's collectives (call site, op, group) repeat one loop body
+    (repetition.loop_iterations); an instance takes the iteration its lowest member rank counted.
+    A slow rank is late once per iteration, not at every collective (ops posted back to back after
+    its delay arrive together), so the iteration is the trial. None when no rank's calls repeat."""
+    c = ops[((ops["kind"] == "collective") & (ops["collective_seq_id"] >= 0)
+             & (ops["process_group"] != "")).to_numpy()]
+    if not len(c) or "call_site" not in c.columns:
+        return None
+    c = c[["rank", "process_group", "collective_seq_id", "start_ns", "call_site", "op_name"]].sort_values(
+        ["rank", "start_ns"], kind="stable")
+    keys = (c["call_site"].astype(str) + "|" + c["op_name"].astype(str) + "|" + c["process_group"].astype(str)).to_numpy()
+    ranks = c["rank"].to_numpy()
+    it = np.full(len(c), -1, dtype=np.int64)
+    bounds = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1], True])
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        got = loop_iterations(list(keys[a:b]))
+        if got is not None:
+            it[a:b] = got
+    if not (it >= 0).any():
+        return None
+    per = pd.DataFrame({"process_group": c["process_group"].astype(str).to_numpy(),
+                        "collective_seq_id": c["collective_seq_id"].to_numpy(), "rank": ranks, "it": it})
+    per = per[per["it"] >= 0].sort_values("rank", kind="stable").drop_duplicates(["process_group", "collective_seq_id"])
+    step = inst[["process_group", "collective_seq_id"]].astype({"process_group": str}).merge(
+        per[["process_group", "collective_seq_id", "it"]], how="left", on=["process_group", "collective_seq_id"]
+    )["it"].fillna(-1).to_numpy(dtype=np.int64)
+    return coll.assign(step=step[coll["instance"].to_numpy()]), inst.assign(step=step)
 
 
 def pseudo_steps(coll: pd.DataFrame, inst: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -85,7 +85,8 @@ from ncclscope.findings import Evidence, Finding
 from ncclscope.load.trace import Trace
 from ncclscope.index.views import index_of, release_heap
 from ncclscope.index.labels import rank_label
-from ncclscope.perf.straggler_arrival import arrival_effect, arrival_lateness, cadence_step_times, pseudo_steps
+from ncclscope.perf.straggler_arrival import (arrival_effect, arrival_lateness, cadence_step_times, loop_steps,
+                                              pseudo_steps)
 from ncclscope.perf.straggler_stats import ARRIVAL, shortfall_text, significance, stats_text
 
 MS = 1e6
@@ -194,9 +195,11 @@ def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, m
     if not len(inst) and not len(cstep):
         return res
     # no compute spans (a user's script under `ncclscope run`): the effect size is the arrival skew itself
-    by_arrival, steps_marked = not len(cstep), bool(len(inst) and (inst["step"] >= 0).any())
+    # (one step number on every op is no step marking: a script whose loop never calls an optimizer)
+    by_arrival = not len(cstep)
+    steps_marked = bool(len(inst)) and inst.loc[inst["step"] >= 0, "step"].nunique() >= 2
     if by_arrival and not steps_marked:
-        coll, inst = pseudo_steps(coll, inst)
+        coll, inst = loop_steps(trace.ops, coll, inst) or pseudo_steps(coll, inst)
     res.instances = inst
     done = inst[inst["complete"]] if len(inst) else inst
     rs, n_last, n_in = _rank_step(coll, inst, done, cstep)

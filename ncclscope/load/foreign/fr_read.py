@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ncclscope import sites
 from ncclscope.load import safe_io
 from ncclscope.load.foreign.errors import TraceError
 from ncclscope.load.foreign.safe_pickle import safe_loads
@@ -46,7 +47,9 @@ def sniff(path: Path) -> str | None:
             return "pickle"
         return None
     text = head.lstrip()
-    if text.startswith(b"{") and b'"entries"' in head and b'"traceEvents"' not in head:
+    # torch's JSON writer leaves "entries" out when there are none (a rank that recorded nothing yet)
+    if text.startswith(b"{") and b'"traceEvents"' not in head and (
+            b'"entries"' in head or (b'"pg_config"' in head and b'"version"' in head)):
         return "json"
     if head[:1] in (b"(", b"}", b"c") and b"entries" in head and (b"version" in head or b"pg_config" in head):
         return "pickle"            # protocol 0/1: no header; torch never writes these, an attacker might
@@ -144,6 +147,8 @@ def read_dump(path: Path, fmt: str | None = None, buffer: DumpBuffer | None = No
         # coerces every field it uses and is all-or-nothing per dump.
         dump = safe_io.loads(data, path, walk=False) if fmt == "json" else safe_loads(data, str(path))
         del data
+        if isinstance(dump, dict) and "entries" not in dump and "version" in dump and "pg_config" in dump:
+            dump["entries"] = []      # written without its (empty) entries: the rank recorded nothing
         if not isinstance(dump, dict) or not isinstance(dump.get("entries", None), list):
             raise TraceError(f"{path}: not a Flight Recorder dump (no 'entries' list)")
         safe_io.sanitize({k: v for k, v in dump.items() if k != "entries"}, path)   # pg_config, version, ...
@@ -184,17 +189,30 @@ def _short_path(filename: str) -> str:
     return "/".join(parts[-2:]) if filename.startswith(("/", "\\")) or ":" in filename[:3] else filename
 
 
+CALLERS = 2     # user frames kept above the innermost one (as the run tracer keeps: ncclscope/sites.py)
+
+
 def call_site(frames: Any) -> str:
-    """file:line of the first frame (innermost first, as FR stores them) outside torch and the stdlib."""
+    """file:line of the first frame (innermost first, as FR stores them) outside torch and the stdlib,
+    then up to CALLERS user frames that called it (" < "-joined; installed packages end the chain)."""
     if not isinstance(frames, (list, tuple)):
         return ""
+    out: list[str] = []
     for fr in frames:
         if isinstance(fr, dict):
             fn = fr.get("filename", "")
             fn = fn if type(fn) is str else field_text(fn)
             if not _is_library(fn):
-                return _site(fn, field_int(fr.get("line"), 0))
-    return ""
+                if out and _is_installed(fn):
+                    break
+                out.append(_site(fn, field_int(fr.get("line"), 0)))
+                if len(out) > CALLERS:
+                    break
+    return sites.SEP.join(out)
+
+
+def _is_installed(filename: str) -> bool:
+    return "site-packages" in filename or "dist-packages" in filename
 
 
 @functools.lru_cache(maxsize=65536)
@@ -254,6 +272,19 @@ def size_text(sz: Any) -> str:
         return json.dumps(sz, default=str)
     except (ValueError, TypeError, RecursionError):   # a circular or exotic value
         return field_text(sz)
+
+
+IO_SEP = " -> "        # "[[8]] -> [[16]]": an op's input shapes, then the output's where they say more
+NO_OUTPUT = frozenset({"", "null", "[]", "None"})     # output texts of an op that recorded no output
+
+
+def with_output(inputs: str, outputs: str, always: bool) -> str:
+    """An op's sizes (or dtypes) text: the input's, then IO_SEP and the output's where the output was
+    recorded and differs from the input, or where `always` (an op whose output is shaped by the group: an
+    all_gather that equals its input is worth saying). Inputs and outputs both empty: nothing to compare."""
+    if outputs in NO_OUTPUT or (not always and outputs == inputs) or inputs in ("", "null"):
+        return inputs
+    return f"{inputs}{IO_SEP}{outputs}"
 
 
 def dtype_and_bytes(sz: Any, dt: tuple[Any, ...]) -> tuple[str, int]:

@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rec = Recorder(out, rank, world)
     rec.context.step = 0
-    rec.write_meta(local_rank=local_rank, launcher=launcher, script=script, argv=[script, *script_args],
+    rec.write_meta(local_rank=local_rank, launcher=launcher, script=script, argv=[script, *script_args], cwd=os.getcwd(),
                    config={"script": script, "args": script_args, "timeout_s": opts["timeout_s"],
                            "nan_check": opts["nan_check"]})
     if rank == 0 and not (out / S.RUN_JSON).exists():
@@ -208,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ncclscope: rank {rank}: telemetry off: {exc}", file=sys.stderr)
     tracer = T.Tracer(rec, rank, world, timeout_s=opts["timeout_s"], nan_check=opts["nan_check"]).install()
     tracer.watch_sigterm()
+    tracer.watch_exit()
 
     sys.argv = [script, *script_args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))

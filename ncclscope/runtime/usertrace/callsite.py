@@ -1,16 +1,20 @@
-"""The user's line: `file:line` of the first frame outside torch and ncclscope.
+"""The user's line: `file:line` of the first frame outside torch and ncclscope, and its user callers.
 
-Every traced row carries the call site, so this runs on every op. It is a
-frame walk (never `inspect.stack()`, which reads source files) with two
-caches: whether a file is a library's (by filename), and the rendered
-`file:line` text (by code object and bytecode offset). A script calling
-`dist.all_reduce` directly costs one frame step, two dict hits.
+Every traced row carries the call site, so this runs on every op. A site is
+the innermost user frame followed by up to two user frames that called it,
+joined by " < " (`train.py:20 < train.py:58`, ncclscope/sites.py reads it):
+a helper shared by several lines of a loop body issues every op from its
+one line, and only its caller tells them apart (the line a verdict must name).
+It is a frame walk (never `inspect.stack()`, which reads source files) with
+two caches: whether a code object is a library's (by filename), and the
+rendered text (by the frames' code objects and bytecode offsets).
 """
 from __future__ import annotations
 
 import functools
 import os
 import sys
+import sysconfig
 from typing import Any
 
 import torch
@@ -29,6 +33,17 @@ def _is_library(filename: str) -> bool:
     return path.startswith(_PKG_DIRS) or os.sep + "runpy.py" in path or os.sep + "contextlib.py" in path
 
 
+_STDLIB = tuple({os.path.abspath(sysconfig.get_paths()[k]) + os.sep for k in ("stdlib", "platstdlib")})
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_installed(filename: str) -> bool:
+    """An installed package's or the standard library's file: never a caller worth naming (a test
+    runner, a launcher). Such a file can still be the innermost site (a library issuing the op)."""
+    path = os.path.abspath(filename)
+    return ("site-packages" + os.sep in path or "dist-packages" + os.sep in path or path.startswith(_STDLIB))
+
+
 @functools.lru_cache(maxsize=4096)
 def _short(filename: str) -> str:
     try:
@@ -41,34 +56,46 @@ def _short(filename: str) -> str:
 # code object -> True when it is library code (torch, ncclscope, runpy, contextlib). Public: the fast
 # wrapper (hotpath.py) reads it inline, without a call to `call_site`
 LIB_CODE: dict[Any, bool] = {}
-# (code object, bytecode offset) -> "file:line" (the offset is free to read; the line number
-# is computed from the code's line table, so it is read once per site, not once per call)
-_SITES: dict[tuple[Any, int], str] = {}
+# ((code object, bytecode offset), ...) of the user frames, innermost first -> the site text (the
+# offset is free to read; line numbers come from the code's line table: read once per site)
+_SITES: dict[tuple[Any, ...], str] = {}
+CALLERS = 2           # user frames kept above the innermost one
+SEP = " < "           # innermost first: "a.py:20 < a.py:58" is line 20, called from line 58
 # "file:line" -> (function name, its def line), for rank.json `call_sites`: the analyzer tells from an
 # exception's frames whether a rank went past the line of a collective it never issued
 _FUNCS: dict[str, tuple[str, int]] = {}
 
 
 def call_site(depth: int = 2) -> str:
-    """file:line of the first frame outside torch and ncclscope (the user's line).
+    """The user's line and up to CALLERS user frames that called it ("" when no user frame).
 
-    `depth` 2: the caller of the function that calls this (a wrapper's caller)."""
+    `depth` 2: the caller of the function that calls this (a wrapper's caller). Library frames
+    between user frames (a module's __call__ around a user forward) are stepped over."""
     f: Any = sys._getframe(depth)
     lib = LIB_CODE
+    key: tuple[Any, ...] = ()
+    frames = []
     while f is not None:
         code = f.f_code
         is_lib = lib.get(code)
         if is_lib is None:
             is_lib = lib[code] = _is_library(code.co_filename)
         if not is_lib:
-            key = (code, f.f_lasti)
-            site = _SITES.get(key)
-            if site is None:
-                site = _SITES[key] = f"{_short(code.co_filename)}:{f.f_lineno}"
-                _FUNCS[site] = (code.co_name, code.co_firstlineno)
-            return site
+            if frames and _is_installed(code.co_filename):
+                break                   # above the user's code: a runner, a launcher
+            key += (code, f.f_lasti)
+            frames.append(f)
+            if len(frames) > CALLERS:
+                break
         f = f.f_back
-    return ""
+    if not frames:
+        return ""
+    site = _SITES.get(key)
+    if site is None:
+        site = _SITES[key] = SEP.join(f"{_short(g.f_code.co_filename)}:{g.f_lineno}" for g in frames)
+        inner = frames[0].f_code
+        _FUNCS[site] = (inner.co_name, inner.co_firstlineno)
+    return site
 
 
 def site_functions() -> dict[str, list]:

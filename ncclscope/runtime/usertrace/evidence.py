@@ -35,9 +35,11 @@ import torch
 from ncclscope import schema as S
 from ncclscope.load.fr_merge import FR_FILE  # snapshot name; NCCL's own dump is FR_NCCL_PREFIX<rank>
 
+from ncclscope.runtime.usertrace.callsite import site_functions
 from ncclscope.runtime.usertrace.gpu import GPU_POLL_S
 
 POLL_S = 0.02
+_REAL_EXIT = os._exit     # before watch_exit wraps it: a signal's exit writes no os._exit evidence
 WATCH_S = 0.25
 FR_EARLY_S = 1.0   # an op in flight this long gets a Flight Recorder snapshot (cheap, before any kill)
 
@@ -227,6 +229,38 @@ class EvidenceMixin:
         t = threading.Thread(target=reader, name="ncclscope-sigterm", daemon=True)
         t.start()
 
+    def watch_exit(self) -> None:
+        """Leave the line a rank left from when the script calls `os._exit`.
+
+        `os._exit` ends the process at once: no exception unwinds, no `finally` runs, so
+        the rank's trace ends without an end record or a stack, and all a verdict could
+        say is "exit code N". The wrapper writes the stack (the user's line is in it),
+        a Flight Recorder snapshot and an end record saying `os._exit(N)`, then exits as
+        asked. Only `os._exit`: `sys.exit` raises SystemExit, which the bootstrap sees."""
+        real = os._exit
+
+        def _exit(code: int) -> None:
+            try:
+                if self._installed:
+                    self.rec.dump_stacks(f"os._exit({code})")
+                    self.dump_fr()
+                    if self._groups_dirty or self._pending_meta:
+                        self.write_groups()
+                    self.rec.write_meta(call_sites=site_functions())
+                    self.rec.close("error", f"os._exit({code})")
+            except BaseException:   # never stand between the script and its exit
+                pass
+            real(code)
+
+        os._exit = _exit
+        self._real_exit = real
+
+    def _restore_exit(self) -> None:
+        real = getattr(self, "_real_exit", None)
+        if real is not None:
+            os._exit = real
+            self._real_exit = None
+
     def _restore_sigterm(self) -> None:
         handler = getattr(self, "_sig_handler", None)
         if handler is not None and threading.current_thread() is threading.main_thread():
@@ -246,4 +280,4 @@ def _die(signum: int) -> None:
         os.kill(os.getpid(), signum)
         time.sleep(5)
     finally:
-        os._exit(128 + signum)
+        _REAL_EXIT(128 + signum)

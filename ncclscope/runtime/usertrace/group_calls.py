@@ -24,6 +24,7 @@ import torch.distributed.distributed_c10d as c10d
 
 from ncclscope import schema as S
 
+from ncclscope.runtime.usertrace.callsite import call_site
 from ncclscope.runtime.usertrace.opspec import arg, positions, tls
 
 
@@ -51,6 +52,7 @@ class GroupsMixin:
     _world_pg: Any
     _p2p_shift: dict[str, int]
     _mesh_count: int
+    _group_sites: dict[str, str]      # group name -> the user's new_group line (rank.json `group_sites`)
 
     def _add_group(self, info: GroupInfo, pg: Any = None) -> GroupInfo:
         self.table.append(info)
@@ -71,7 +73,7 @@ class GroupsMixin:
             # fr_pg_names: torch's pg name -> our name, for the groups this rank is in (fr_merge maps FR with it)
             self.rec.write_meta(groups=[g.describe() for g in self.table],
                                 fr_pg_names={g.pg_name: g.name for g in self.table if g.member and g.pg_name},
-                                **pending)
+                                group_sites=dict(self._group_sites), **pending)
         except OSError as exc:
             print(f"ncclscope: rank {self.rank}: writing the group table failed: {exc}", file=sys.stderr)
 
@@ -141,6 +143,8 @@ class GroupsMixin:
             members = sorted(int(r) for r in ranks) if ranks is not None else list(range(dist.get_world_size()))
             order = len(self.table)
             info = GroupInfo(f"g{order}", "custom", members, order, member=self.rank in members)
+            if tls.depth == 0 and (site := call_site()):   # where this rank created it (not inside a mesh)
+                self._group_sites[info.name] = site
             self._add_group(info)
             if tls.depth == 0:
                 self.write_groups()   # the planned group is on disk before creation can hang
@@ -172,13 +176,17 @@ class GroupsMixin:
     def _wrap_mesh(self, orig: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(orig)
         def init_device_mesh(*args: Any, **kwargs: Any) -> Any:
+            site = call_site() if tls.depth == 0 else ""
             tls.depth += 1
             try:
                 mesh = orig(*args, **kwargs)
             finally:
                 tls.depth -= 1
             try:
+                before = len(self.table)
                 self._record_mesh(mesh)
+                if site:
+                    self._group_sites.update((g.name, site) for g in self.table[before:])
             except Exception as exc:
                 print(f"ncclscope: rank {self.rank}: recording the device mesh failed: {exc}", file=sys.stderr)
             if tls.depth == 0:

@@ -13,9 +13,10 @@ in a loop, ~1 us in situ), the thread-local depth flag, the call-site and
 metadata cache hits and the in-flight entry the watch thread reads (on a reducing
 op, the input's finiteness check of nancheck.py adds ~3 us until the rank's first
 non-finite input, then one attribute test). It reads only the
-arguments these ops take, finds the call site and whether it is a new one in one
-dict hit per call, without a function call (a miss goes through `call_site`,
-then the first-call flush of `OpsMixin._new_site`), and passes
+arguments these ops take, walks the frames for the call site (callsite.py: the
+user's line and its user callers, so it cannot be cached on the caller alone;
+~0.5 us) and tests the site set for a new one (a miss: the first-call flush of
+`OpsMixin._new_site`), and passes
 everything else to the general wrapper, which it calls unchanged for a call it
 does not cover: a group not yet known (it registers it, or writes the
 non-member marker), a group table to write first. Same rows, same values:
@@ -24,7 +25,6 @@ tests/test_run_hotpath.py checks the two wrappers write identical rows.
 from __future__ import annotations
 
 import functools
-import sys
 import time
 from typing import Any, Callable
 
@@ -58,11 +58,8 @@ def make_fast(tracer: Any, orig: Callable[..., Any], spec: tuple[Any, ...], pos:
     own_seq, settle = tracer._own_seq, tracer.settle
     nan_check, check_input = tracer.nan_check_for(op_name), tracer.check_input   # nancheck.py: reducing ops
     small: dict[tuple[Any, Any], bool] = {}   # (shape, dtype) -> summed as Python floats (nancheck.small_kind)
-    monotonic, getframe, call_site, Tensor = time.monotonic, sys._getframe, callsite.call_site, torch.Tensor
-    lib_code, meta_cache = callsite.LIB_CODE, comm_site.META_CACHE
-    # (caller's code, bytecode offset, group) -> its call site, once that (site, group, op)'s first-call
-    # flush is done: one dict hit for both (a library caller is never cached: its site is further up)
-    seen: dict[tuple[Any, int, str], str] = {}
+    monotonic, call_site, Tensor = time.monotonic, callsite.call_site, torch.Tensor
+    meta_cache = comm_site.META_CACHE
 
     @functools.wraps(orig)
     def traced(*args: Any, **kwargs: Any) -> Any:
@@ -101,11 +98,7 @@ def make_fast(tracer: Any, orig: Callable[..., Any], spec: tuple[Any, ...], pos:
                 reduce_op = REDUCE_NAMES.get(int(rop), str(rop))
             except (TypeError, ValueError):
                 reduce_op = str(rop)
-        f = getframe(1)   # the caller; (its line, the group) is in `seen` after its first call
-        fkey = (f.f_code, f.f_lasti, name)
-        site = seen.get(fkey)
-        if site is None:
-            site = call_site()
+        site = call_site()
         if nan_check and t is not None and tracer._nan_live:   # the input, before the reduction spreads it
             is_small = small.get((t.shape, t.dtype))
             if is_small is None:
@@ -120,12 +113,9 @@ def make_fast(tracer: Any, orig: Callable[..., Any], spec: tuple[Any, ...], pos:
         op_id = begin(kind, op_name, name, seq, -1, -1, -1, nbytes, dtype, sizes, reduce_op, timeout_ms, site)
         inflight[op_id] = (now := monotonic(), op_name, name, seq if seq >= 0 else -1)
         tracer._last_activity = now
-        if fkey not in seen:
-            key = (site, name, op_name)
-            if key not in sites:
-                tracer._new_site(key)   # after the begin row: that row is made durable too
-            if lib_code.get(f.f_code) is False:
-                seen[fkey] = site       # the caller is the user's line: its site depends on nothing else
+        key = (site, name, op_name)
+        if key not in sites:
+            tracer._new_site(key)   # after the begin row: that row is made durable too
         tracer.ops += 1
         tls.depth = 1
         try:

@@ -71,6 +71,7 @@ class Tracer(GroupsMixin, OpsMixin, EvidenceMixin, StepsMixin, NanCheckMixin):
         self.table: list[GroupInfo] = []            # every group this rank knows of, creation order
         self._groups_dirty = False                  # the group table (or a pending rank.json field) to write
         self._mesh_count = 0
+        self._group_sites: dict[str, str] = {}
         self._world_pg: Any = None
         # ops.py
         self._p2p_seq: dict[tuple[str, int], int] = {}
@@ -237,4 +238,5 @@ class Tracer(GroupsMixin, OpsMixin, EvidenceMixin, StepsMixin, NanCheckMixin):
         self.dump_fr()
         self.uninstall()
         self._restore_sigterm()
+        self._restore_exit()
 

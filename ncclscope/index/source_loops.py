@@ -1,0 +1,86 @@
+"""The loop around a user's line, read from the script's source where it is still on disk.
+
+A rank whose data ran out leaves its training loop early; its peers wait in the loop's next
+collective. The line a user edits is the loop's header (`for batch in loader:`), which no
+trace records: every op row names the line that issued it. The source does: the innermost
+`for` / `while` whose body holds the line. Read-only, bounded (files over MAX_BYTES and
+anything that does not parse are skipped), cached per file; "" whenever the file is gone.
+"""
+from __future__ import annotations
+
+import ast
+import functools
+import os
+from pathlib import Path
+
+from ncclscope import sites
+
+MAX_BYTES = 4 << 20
+
+
+@functools.lru_cache(maxsize=64)
+def _loops(path: str) -> tuple[tuple[int, int, int], ...]:
+    """(header line, first line, last line) of every for/while loop in the file, () when unreadable."""
+    try:
+        p = Path(path)
+        if not p.is_file() or p.stat().st_size > MAX_BYTES:
+            return ()
+        tree = ast.parse(p.read_text(errors="replace"), filename=path)
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return ()
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.AsyncFor, ast.While)):
+            out.append((node.lineno, node.lineno, getattr(node, "end_lineno", node.lineno) or node.lineno))
+    return tuple(out)
+
+
+def _resolve(path: str, cwds: list[str]) -> str:
+    if os.path.isabs(path):
+        return path
+    for c in cwds:
+        if c and os.path.isfile(os.path.join(c, path)):
+            return os.path.join(c, path)
+    return path
+
+
+def loop_span(site: str, cwds: list[str]) -> tuple[str, int, int] | None:
+    """(path, header line, last line) of the innermost loop around the site's innermost frame that is
+    inside one; None when none is, or the source is not readable. `cwds`: where relative paths were
+    taken from (rank.json `cwd`)."""
+    for frame in sites.frames(site):
+        path, line = sites.path_line(frame)
+        if line < 0:
+            continue
+        around = [lp for lp in _loops(_resolve(path, cwds)) if lp[1] < line <= lp[2]]
+        if around:
+            header, _, last = max(around)    # the innermost: the one starting last
+            return path, header, last
+    return None
+
+
+def enclosing_loop(site: str, cwds: list[str]) -> str:
+    """"path:line" of the header of `loop_span`'s loop, "" when there is none."""
+    span = loop_span(site, cwds)
+    return f"{span[0]}:{span[1]}" if span else ""
+
+
+def in_span(span: tuple[str, int, int], site: str) -> bool:
+    """Whether any frame of `site` lies in the loop's body."""
+    path, header, last = span
+    return any(p == path and header < line <= last for p, line in map(sites.path_line, sites.frames(site)))
+
+
+def left_loop_note(cwds: list[str], others_site: str, own_sites: list[str] | None = None) -> str:
+    """", in the loop at L; it left that loop early" where the peers' op (`others_site`) sits in a loop
+    and none of the deviant rank's own sites (`own_sites`; None or empty: it finished) lies in it;
+    "" otherwise: the reader then sees only where the others are."""
+    span = loop_span(others_site, cwds) if others_site else None
+    if span is None or any(in_span(span, s) for s in (own_sites or []) if s):
+        return ""
+    return f", in the loop at {span[0]}:{span[1]}; it left that loop early"
+
+
+def cwds_of(trace) -> list[str]:
+    """Every rank's recorded working directory (rank.json `cwd`), for relative call-site paths."""
+    return sorted({i.cwd for i in trace.ranks.values() if getattr(i, "cwd", "")})
