@@ -156,6 +156,12 @@ def _early_leavers(seqs: dict[int, pd.DataFrame], blocked: dict[int, set[int]], 
     if len({left for left, _ in top}) != 1:
         return []
     left, p = min(top, key=lambda lp: lp[1])
+    # Ranks of one program may loop with periods of their own (a branch on the rank adds calls): a member
+    # whose blocked call, with the call before it, is a pair its own sequence already made is where its
+    # own loop put it, whatever shape the others fit
+    left = frozenset(r for r in left if not _made_before(toks[r], int(at[r][0])))
+    if not left or len(left) >= len(members):
+        return []
     out = []
     for r in sorted(left):
         seq, i = seqs[r], int(at[r][0])
@@ -167,6 +173,11 @@ def _early_leavers(seqs: dict[int, pd.DataFrame], blocked: dict[int, set[int]], 
                              expected_group=str(seq["process_group"].iloc[j]),
                              expected_site=str(seq["call_site"].iloc[j]), iteration=1))
     return out
+
+
+def _made_before(t: list[str], i: int) -> bool:
+    """Whether the calls t[i - 1], t[i] follow each other earlier in `t` (t[i] alone where it is first)."""
+    return any(t[k] == t[i] and (i == 0 or (k > 0 and t[k - 1] == t[i - 1])) for k in range(i))
 
 
 def _split(toks: dict[int, list[str]], at: dict[int, np.ndarray], o: int, p: int

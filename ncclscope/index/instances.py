@@ -296,20 +296,29 @@ def _candidate_rows(coll: pd.DataFrame, inst: pd.DataFrame, dev: pd.DataFrame) -
     cand = cand.assign(seq=cand["seq"].astype("int64"))
     x = near_instances(coll, cand["process_group"], cand["seq"]).merge(
         cand, left_on=["process_group", "collective_seq_id"], right_on=["process_group", "seq"])
-    x = x[(x["step"] >= 0) & (x["call_site"] != "")]
+    x = x[x["call_site"] != ""]
     return x if len(x) else None
 
 
 def _reference_pool(coll: pd.DataFrame, x: pd.DataFrame, kinds: dict[str, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(every call from the candidates' call sites in a step, with its group kind and `ord`: the n-th call
     from that site on that group in that step; the candidates with their own `ord` and kind)."""
-    pool = coll[coll["call_site"].isin(x["call_site"].unique()).to_numpy() & (coll["step"] >= 0).to_numpy()]
+    pool = coll[coll["call_site"].isin(x["call_site"].unique()).to_numpy()]
     names = pool["process_group"].unique()
     kind_map = {n: kinds.get(n) or n.rstrip("0123456789") or n for n in names}
     pool = pool.assign(kind=pool["process_group"].map(kind_map))
+    pool = pool.sort_values(["rank", "process_group", "call_site", "collective_seq_id"], kind="stable")
+    # A call outside any marked step (a plain script marks none), or from a line whose every call falls in
+    # one step (a loop with no optimizer step in it: the tracer's step never advances), is its own
+    # iteration: the n-th call from its line on its group, numbered below -1 so it never meets a step's.
+    by_site = pool.groupby(["rank", "process_group", "call_site"], sort=False)
+    nth = by_site.cumcount().to_numpy()
+    one_step = (by_site["step"].transform("nunique") == 1).to_numpy()
+    step = pool["step"].to_numpy()
+    pool["step"] = np.where((step >= 0) & ~one_step, step, -2 - nth)
     pool = pool.sort_values(["rank", "process_group", "call_site", "step", "collective_seq_id"], kind="stable")
     pool["ord"] = pool.groupby(["rank", "process_group", "call_site", "step"], sort=False).cumcount()
-    return pool, x.merge(pool[["rank", "op_id", "ord", "kind"]], on=["rank", "op_id"])
+    return pool, x.drop(columns="step").merge(pool[["rank", "op_id", "ord", "kind", "step"]], on=["rank", "op_id"])
 
 
 _ROOT = re.compile(r"root (-?\d+)")
@@ -364,6 +373,8 @@ def _history_category(pool: pd.DataFrame, x: pd.DataFrame, cat: str,
         groups=("ref_group", lambda s: sorted({g for g in s if g}))).reset_index()
     bad = agg[(agg["n"] >= HISTORY_MIN_REFS) & (agg["nu"] == 1) & (agg["ref"] != agg["value"])]
     if not len(bad):
+        bad = _tie_by_own_loop(xs, agg, novel=cat == "type")
+    if not len(bad):
         return None
     # In a tie, history must single out some voters, not all of them (all changing is not a mismatch).
     n_voters = xs.groupby(["process_group", "seq"]).size().rename("n_voters").reset_index()
@@ -379,10 +390,43 @@ def _history_category(pool: pd.DataFrame, x: pd.DataFrame, cat: str,
                        basis="history", ref_note=notes)
 
 
+def _tie_by_own_loop(xs: pd.DataFrame, agg: pd.DataFrame, novel: bool) -> pd.DataFrame:
+    """A tie too thin for HISTORY_MIN_REFS (a 2-rank group, a bug in the second iteration), decided where
+    every voter has its own earlier calls to go by: the voters whose call differs from what their own
+    earlier iterations of it did, where every other voter's call is what its own did. `novel` (op types):
+    a voter calling from a line it never called from before counts as differing (the program took a
+    branch, an `if rank == ...`, it never took before). Both sides changed, or neither: still a tie."""
+    refs = agg[agg["nu"] == 1]
+    out = []
+    for (g, k), vs in xs[["process_group", "seq", "rank", "value"]].groupby(["process_group", "seq"], sort=False):
+        if len(vs) < 2:
+            continue
+        mine = refs[(refs["process_group"] == g) & (refs["seq"] == k)]
+        kept = mine[mine["ref"] == mine["value"]]
+        changed = mine[mine["ref"] != mine["value"]]
+        fresh = vs[~vs["rank"].isin(agg.loc[(agg["process_group"] == g) & (agg["seq"] == k), "rank"])] if novel \
+            else vs.iloc[0:0]
+        n_dev = len(changed) + len(fresh)
+        if not n_dev or not len(kept) or n_dev + len(kept) != len(vs) or kept["value"].nunique() != 1:
+            continue
+        ref = kept["value"].iloc[0]
+        if len(changed) and (changed["ref"] != ref).any():
+            continue
+        rows = [changed.assign(n_hist=changed["n_hist"])[["process_group", "seq", "rank", "n", "nu", "ref", "value",
+                                                           "n_hist", "groups"]]] if len(changed) else []
+        if len(fresh):
+            rows.append(fresh.assign(n=0, nu=1, ref=ref, n_hist=-1, groups=[[]] * len(fresh)))
+        out += rows
+    cols = ["process_group", "seq", "rank", "n", "nu", "ref", "value", "n_hist", "groups"]
+    return pd.concat(out, ignore_index=True)[cols] if out else agg.iloc[0:0]
+
+
 def _ref_note(n_hist: int, groups: list[str]) -> str:
+    if n_hist < 0:       # _tie_by_own_loop: a call from a line this rank never called from before
+        return "the others' own earlier iterations (its call comes from a line it never reached before)"
     parts = []
     if n_hist:
-        parts.append(f"its own other {'steps' if n_hist > 1 else 'step'} ({n_hist})")
+        parts.append(f"its own other {'iterations' if n_hist > 1 else 'iteration'} of that call ({n_hist})")
     if groups:
         parts.append(f"{', '.join(groups[:2])}{f' and {len(groups) - 2} more groups' if len(groups) > 2 else ''} "
                      f"at this step")

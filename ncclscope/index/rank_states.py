@@ -84,12 +84,17 @@ def blocking_ops(ops: pd.DataFrame, unfinished: pd.DataFrame | None = None) -> t
     latest = unf.drop_duplicates("rank", keep="last")
     computing = latest[(latest["kind"] == S.KIND_COMPUTE) & (latest["status"] == STATUS_INFLIGHT)]
     comm_mask = ops["kind"].isin(COMM_KINDS).to_numpy() & (ops["status"] == S.STATUS_OK).to_numpy()
-    last_ok = (pd.DataFrame({"rank": ops["rank"].to_numpy()[comm_mask].astype(np.int64),
-                             "end": ops["end_ns"].to_numpy()[comm_mask]}, copy=False).groupby("rank")["end"].max())
+    ok = pd.DataFrame({"rank": ops["rank"].to_numpy()[comm_mask].astype(np.int64),
+                       "start": ops["start_ns"].to_numpy()[comm_mask], "end": ops["end_ns"].to_numpy()[comm_mask]},
+                      copy=False).groupby("rank")
+    last_ok, last_ok_start = ok["end"].max(), ok["start"].max()
     comm = unf[unf["kind"].isin(COMM_KINDS) & ~unf["rank"].isin(computing["rank"])]
     lok = comm["rank"].map(last_ok).fillna(-1).to_numpy()
     frontier = comm[comm["start_ns"].to_numpy() >= lok]
-    rest = comm[~comm["rank"].isin(frontier["rank"]) & (comm["status"] == STATUS_INFLIGHT)]
+    # No op after the last completed one: an op still open (an irecv posted early, waited on now), or one
+    # posted with the last completed op in one batch (isend done, its irecv timed out: what it waited in)
+    batch = comm["start_ns"].to_numpy() >= comm["rank"].map(last_ok_start).fillna(-1).to_numpy()
+    rest = comm[~comm["rank"].isin(frontier["rank"]) & ((comm["status"] == STATUS_INFLIGHT).to_numpy() | batch)]
     blocking = pd.concat([frontier, rest]).sort_values(["rank", "start_ns", "op_id"], kind="stable")
     # Bounded: a batch is a handful of ops; a trace with no end rows at all must not explode the graph.
     blocking = blocking.groupby("rank", sort=False).tail(MAX_BLOCKING_PER_RANK)

@@ -41,7 +41,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ncclscope import schema as S
 from ncclscope.index.repetition import loop_iterations
+from ncclscope.load.fr_merge import INFERRED
 from ncclscope.perf.straggler_stats import ARRIVAL, NOISE_FLOOR, robust_sigma, spread_sigma
 
 
@@ -70,12 +72,83 @@ def arrival_lateness(coll: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     med_other = (other(lo) + other(hi)) / 2.0
     runner_up = late[np.maximum(first[seg] + n - 2, 0)]
     caused = np.where((j == n - 1) & (n >= 2), late - runner_up, 0.0)
+    behind = late - med_other
+    if "gap_ns" in coll.columns:       # a rank late only because an earlier op held it is not late here
+        behind = np.minimum(behind, _gap_lateness(coll["gap_ns"].to_numpy().astype(np.float64), seg, first, n))
+        caused = np.minimum(caused, np.maximum(behind, 0.0))
     ok = (inst["complete"].to_numpy()[idx] & (coll["step"].to_numpy() >= 0) & (n >= 2))
     out = pd.DataFrame({"rank": coll["rank"].to_numpy()[ok], "step": coll["step"].to_numpy()[ok],
-                        "arrival_late_ns": (late - med_other)[ok], "arrival_caused_ns": caused[ok]})
+                        "arrival_late_ns": behind[ok], "arrival_caused_ns": caused[ok]})
     if not len(out):
         return pd.DataFrame(cols)
     return out.groupby(["rank", "step"], as_index=False, sort=True).max()
+
+
+def with_release(ops: pd.DataFrame, coll: pd.DataFrame) -> pd.DataFrame:
+    """`coll` with gap_ns: how long each member was out of communication before posting (its start minus the
+    end of its previous collective or p2p op; NaN where that end is not known). Lateness propagates: a rank
+    that waited in a barrier for a slow peer posts its next collective late too, by no doing of its own.
+    Its gap before that next collective is its usual one; the slow rank's gap holds the delay."""
+    comm = ops["kind"].isin([S.KIND_COLLECTIVE, S.KIND_P2P]).to_numpy()
+    rank, op_id = ops["rank"].to_numpy()[comm], ops["op_id"].to_numpy()[comm]
+    start, end = ops["start_ns"].to_numpy()[comm], ops["end_ns"].to_numpy()[comm].copy()
+    if "message" in ops.columns:   # an end inferred from the next op's start (gloo Flight Recorder) is no end
+        msg = ops["message"]
+        if isinstance(msg.dtype, pd.CategoricalDtype):     # one test per distinct note, not per row
+            hit = np.asarray(msg.cat.categories.astype(str).str.contains(INFERRED, regex=False), bool)
+            inferred = np.r_[hit, False][msg.cat.codes.to_numpy()]      # code -1 (no note): last slot
+        else:
+            inferred = msg.astype(str).str.contains(INFERRED, regex=False).to_numpy()
+        end[inferred[comm]] = -1
+    order = np.lexsort((start, rank))
+    rank, op_id, start, end = rank[order], op_id[order], start[order], end[order]
+    prev_end = np.r_[-1, end[:-1]].astype(np.float64)
+    prev_end[np.r_[True, rank[1:] != rank[:-1]] | (prev_end < 0)] = np.nan
+    gap = pd.Series(start - prev_end, index=pd.MultiIndex.from_arrays([rank, op_id]))
+    key = pd.MultiIndex.from_arrays([coll["rank"].to_numpy(), coll["op_id"].to_numpy()])
+    return coll.assign(gap_ns=gap.reindex(key).to_numpy())
+
+
+def held_by(coll: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
+    """`inst` with last_rank and skew_ns taken from who held each instance up: the member latest by its own
+    doing (its arrival lateness, capped by its gap lateness: `with_release`), where some member's is
+    known and positive; the raw last arrival elsewhere. A rank that waited for a slow peer in one group
+    and so arrived last in the next is not the one that kept that next instance waiting."""
+    if "gap_ns" not in coll.columns or not len(coll):
+        return inst
+    idx = coll["instance"].to_numpy()
+    new = np.r_[True, idx[1:] != idx[:-1]]
+    first = np.flatnonzero(new)
+    seg = np.cumsum(new) - 1
+    n = np.diff(np.r_[first, len(idx)])[seg]
+    late = coll["late_ns"].to_numpy().astype(np.float64)
+    held = np.minimum(late, _gap_lateness(coll["gap_ns"].to_numpy().astype(np.float64), seg, first, n))
+    held = np.where(np.isfinite(held), held, -np.inf)
+    order = np.lexsort((held, seg))
+    top = order[np.r_[first[1:], len(idx)] - 1]          # the member with the largest held lateness
+    best = held[top]
+    use = np.isfinite(best) & (best > 0)
+    inst = inst.copy()
+    at = idx[top][use]
+    inst.loc[inst.index[at], "last_rank"] = coll["rank"].to_numpy()[top][use]
+    inst.loc[inst.index[at], "skew_ns"] = best[use].astype(np.int64)
+    return inst
+
+
+def _gap_lateness(gap: np.ndarray, seg: np.ndarray, first: np.ndarray, n: np.ndarray) -> np.ndarray:
+    """Each member's gap minus the smallest gap among the instance's other members (+inf where unknown:
+    then the arrival lateness alone counts)."""
+    g = np.where(np.isnan(gap), np.inf, gap)
+    order = np.lexsort((g, seg))
+    gs = g[order]
+    lo1 = gs[first]                                         # smallest and second smallest per instance
+    lo2 = gs[np.minimum(first + 1, len(gs) - 1)]
+    rank_in = np.empty(len(g), np.int64)
+    rank_in[order] = np.arange(len(g)) - first[seg[order]]
+    ref = np.where(rank_in == 0, lo2[seg], lo1[seg])
+    with np.errstate(invalid="ignore"):            # inf - inf: neither gap known
+        out = g - ref
+    return np.where(np.isfinite(out) & (n >= 2), out, np.inf)
 
 
 def loop_steps(ops: pd.DataFrame, coll: pd.DataFrame, inst: pd.DataFrame

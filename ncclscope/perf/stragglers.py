@@ -86,7 +86,7 @@ from ncclscope.load.trace import Trace
 from ncclscope.index.views import index_of, release_heap
 from ncclscope.index.labels import rank_label
 from ncclscope.perf.straggler_arrival import (arrival_effect, arrival_lateness, cadence_step_times, loop_steps,
-                                              pseudo_steps)
+                                              held_by, pseudo_steps, with_release)
 from ncclscope.perf.straggler_stats import ARRIVAL, shortfall_text, significance, stats_text
 
 MS = 1e6
@@ -190,7 +190,7 @@ def _peer_key(trace: Trace, ranks: np.ndarray) -> np.ndarray:
 def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, min_last_frac: float = 0.5) -> StragglerResult:
     """The tables and `straggler` findings of the module docstring."""
     res = StragglerResult()
-    coll, inst = collective_instances(trace, ("rank", "step"))   # the member columns read here
+    coll, inst = collective_instances(trace, ("rank", "step", "op_id"))   # the member columns read here
     cstep = _compute_per_step(trace)
     if not len(inst) and not len(cstep):
         return res
@@ -200,6 +200,9 @@ def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, m
     steps_marked = bool(len(inst)) and inst.loc[inst["step"] >= 0, "step"].nunique() >= 2
     if by_arrival and not steps_marked:
         coll, inst = loop_steps(trace.ops, coll, inst) or pseudo_steps(coll, inst)
+    if by_arrival:
+        coll = with_release(trace.ops, coll)
+        inst = held_by(coll, inst)
     res.instances = inst
     done = inst[inst["complete"]] if len(inst) else inst
     rs, n_last, n_in = _rank_step(coll, inst, done, cstep)
@@ -298,8 +301,12 @@ def _candidates(ranks: pd.DataFrame, min_saving_frac: float, min_last_frac: floa
     their collectives or the cause of most of the run's waiting. Arrival counts weigh every collective
     alike, and where a step has several (ZeRO-2: reduce-scatter after the compute, then a norm all-reduce
     and the parameter all-gather) only the one after the compute shows the slow rank."""
-    caused = ranks["caused_ns"]
-    share = caused / float(caused.sum()) if float(caused.sum()) > 0 else caused * 0.0
+    def share_of(col: str) -> pd.Series:
+        v = ranks[col].clip(lower=0)
+        return v / float(v.sum()) if float(v.sum()) > 0 else v * 0.0
+    # the waiting a rank caused, or the saving it alone would give (without compute spans: what its own
+    # lateness cost, lateness it passed on to ranks that waited for it not counted)
+    share = np.maximum(share_of("caused_ns"), share_of("saving_ns"))
     return ranks[(ranks["saving_frac"] >= min_saving_frac)
                  & ((ranks["last_frac"] >= min_last_frac) | (share >= MIN_CAUSED_SHARE))
                  & (ranks["saving_ns"] >= MIN_SAVING_STEP_NS * n_steps)].head(8)

@@ -174,7 +174,9 @@ def field_text(value: Any) -> str:
     return safe_io.clean_text(value)[:200]     # "?" when too deep to print
 
 
-_LIB_MARKERS = ("/torch/", "\\torch\\", "typing_extensions", "/site-packages/apex/")
+# ncclscope's own runtime: a job run under `ncclscope run` has its wrappers' frames in every dump
+_LIB_MARKERS = ("/torch/", "\\torch\\", "typing_extensions", "/site-packages/apex/", "/ncclscope/runtime/",
+                "\\ncclscope\\runtime\\", "/ncclscope/run.py", "/ncclscope/__main__.py")
 _STDLIB_RE = re.compile(r"[/\\]lib[/\\]python\d+(\.\d+)?[/\\](?!site-packages|dist-packages)")
 
 
