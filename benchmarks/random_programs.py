@@ -44,7 +44,16 @@ def plan(seed: int, count: int, healthy: int, only: list[str]) -> list[str]:
     rng = random.Random(f"plan:{seed}")
     order = classes[:]
     rng.shuffle(order)
-    return [order[i % len(order)] for i in range(count)] + [HEALTHY] * healthy
+    faulty = [order[i % len(order)] for i in range(count)]
+    # healthy programs spread evenly among the faulty ones: a run stopped early has measured both
+    out: list[str] = []
+    for i, name in enumerate(faulty):
+        out.append(name)
+        while healthy and len(out) * healthy > (len(faulty) + healthy) * (out.count(HEALTHY) + 1) - healthy:
+            out.append(HEALTHY)
+            if out.count(HEALTHY) >= healthy:
+                break
+    return out + [HEALTHY] * (healthy - out.count(HEALTHY))
 
 
 def log(msg: str) -> None:
