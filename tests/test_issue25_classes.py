@@ -334,3 +334,71 @@ def test_class3_a_slow_rank_is_found_per_loop_iteration_without_step_marks() -> 
     a = run(b.build())
     assert a.verdict.startswith("STRAGGLER: rank 1 is a straggler"), a.verdict
     assert "last in 10 of 10 steps" in a.verdict
+
+
+# ---- ties a 2-member group cannot vote on: each voter's own earlier iterations decide ---------------------
+def _two_rank_loop(bad: dict[int, dict], iterations: int = 3) -> TraceBuilder:
+    """Two ranks, one all_reduce of [[8]] from loop.py:12 per iteration (no step marked, as in a plain script);
+    in the last iteration rank r issues bad[r] (collective() keywords) instead; both block there."""
+    b = TraceBuilder(2, groups={"world": [0, 1]})
+    for it in range(iterations):
+        last = it == iterations - 1
+        for r in range(2):
+            kw = {"sizes": "[[8]]", "call_site": "loop.py:12", **(bad.get(r, {}) if last else {})}
+            b.collective(r, "world", it + 1, start=it * 0.1, end=None if last else it * 0.1 + DT,
+                         status="inflight" if last else "ok", step=-1, **kw)
+    for r in range(2):
+        b.rank_state(r, exitcode=1)
+    return b
+
+
+def _headline(d):
+    return d.headline
+
+
+@pytest.mark.parametrize("bad_rank", [0, 1])
+def test_a_one_vs_one_size_tie_is_decided_by_one_earlier_iteration(bad_rank: int) -> None:
+    """seed 20261205 #5: rank 1 passed 4103 elements where both passed 4096 one iteration before. Was
+    `ambiguous (1 vs 1 tie), naming the lowest rank 0` (history needed 2 earlier calls and a marked step)."""
+    d = diagnose(_two_rank_loop({bad_rank: {"sizes": "[[9]]"}}, iterations=2).build())
+    assert (_headline(d).kind, _headline(d).ranks) == ("collective_mismatch", [bad_rank]), d.verdict
+    assert "ambiguous" not in d.verdict
+
+
+@pytest.mark.parametrize("bad_rank", [0, 1])
+def test_an_op_from_a_line_never_reached_before_is_the_deviation(bad_rank: int) -> None:
+    """seed 20261205 #16, #32: an `if rank == ...` branch issues another op type from another line in a
+    2-member group; the other voter's call is what its own loop always made there."""
+    d = diagnose(_two_rank_loop({bad_rank: {"op": "broadcast", "call_site": "loop.py:30"}}).build())
+    assert (_headline(d).kind, _headline(d).ranks) == ("collective_mismatch", [bad_rank]), d.verdict
+    assert "a line it never reached before" in d.verdict
+
+
+def test_both_voters_changing_stays_a_tie() -> None:
+    """Neither voter kept to its own loop: history cannot single one out, the verdict says ambiguous."""
+    d = diagnose(_two_rank_loop({0: {"sizes": "[[9]]"}, 1: {"sizes": "[[7]]"}}).build())
+    assert "ambiguous" in d.verdict, d.verdict
+
+
+# ---- a rank whose batch isend completed and its irecv timed out is waiting, not dead ---------------------
+def test_a_timed_out_irecv_posted_with_a_completed_isend_is_a_wait_not_a_death() -> None:
+    """seed 20261205 #17: a ring of 3 (isend to r+1, irecv from r-1); in iteration 3 rank 2 sends to rank 1
+    instead of rank 0. Rank 0's isend completed, its irecv (posted in the same batch, before the isend
+    ended) timed out, then the launcher stopped it. It was called dead (failed, not blocked)."""
+    b = TraceBuilder(3)
+    site = "ring.py:30 < ring.py:41"
+    for it in range(4):
+        t = it * 0.1
+        for r in range(3):
+            wrong = it == 3 and r == 2
+            b.p2p(r, "isend", peer=1 if wrong else (r + 1) % 3, seq=it + 1, start=t,
+                  end=None if wrong else t + 0.002, status="inflight" if wrong else "ok", call_site=site, step=-1)
+            stuck = it == 3 and r == 0
+            b.p2p(r, "irecv", peer=(r - 1) % 3, seq=it + 1, start=t + 0.001, end=t + 5.0 if stuck else t + DT,
+                  status="timeout" if stuck else "ok", call_site=site, step=-1)
+    b.rank_state(0, signal="SIGTERM", stopped_by_launcher=True, end_status="error",
+                 end_message="RuntimeError: Timed out waiting 5000ms for recv operation to complete")
+    b.rank_state(1, exitcode=0)
+    b.rank_state(2, signal="SIGTERM", stopped_by_launcher=True)
+    d = diagnose(b.build())
+    assert _headline(d).ranks == [2] and _headline(d).kind != "dead_rank", d.verdict

@@ -138,3 +138,27 @@ def test_compute_spans_keep_the_compute_rule() -> None:
             b.collective(r, "dp0", step + 1, start=t + c[r], end=t + 0.26, step=step)
     (f,) = warnings_of(analyze_stragglers(b.build()))
     assert f.ranks == [2] and "effect_from" not in f.data and "compute" in f.title
+
+
+def test_lateness_passed_on_through_a_barrier_is_not_blamed() -> None:
+    """seed 20261205 #14: rank 1 sleeps before its pair's barrier every step; rank 0 waits for it there, so
+    both post the world all-reduce that follows ~50 ms late and rank 0 is as often last as rank 1. The gap
+    each rank spent outside communication before posting tells them apart: rank 1's holds the sleep."""
+    rng = np.random.default_rng(3)
+    groups = {"p0": [0, 1], "p1": [2, 3], "world": [0, 1, 2, 3]}
+    b = TraceBuilder(4, groups=groups)
+    for step in range(12):
+        t = STEP * step
+        j = rng.uniform(0, 0.001, size=4)
+        arrive = [t + WORK + j[r] + (0.050 if r == 1 else 0.0) for r in range(4)]
+        for pair, name in (((0, 1), "p0"), ((2, 3), "p1")):
+            done = max(arrive[r] for r in pair) + 0.0003
+            for r in pair:
+                b.collective(r, name, step + 1, op="barrier", start=arrive[r], end=done, step=step)
+        after = {r: max(arrive[q] for q in ((0, 1) if r < 2 else (2, 3))) + 0.0003 for r in range(4)}
+        starts = [after[r] + 0.002 + j[r] for r in range(4)]
+        for r in range(4):
+            b.collective(r, "world", step + 1, start=starts[r], end=max(starts) + 0.0002, step=step)
+    res = analyze_stragglers(b.build())
+    (f,) = warnings_of(res)
+    assert f.kind == "straggler" and f.ranks == [1], [x.title for x in res.findings]
