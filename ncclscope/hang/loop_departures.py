@@ -52,12 +52,14 @@ class LoopBreak:
 
 def comm_sequence(coll: pd.DataFrame, p2p: pd.DataFrame, rank: int) -> pd.DataFrame:
     """The rank's collective and p2p calls in issue order: op_id, op_name, process_group, peer, call_site."""
-    cols = ["op_id", "op_name", "process_group", "peer", "call_site"]
+    cols = ["op_id", "op_name", "process_group", "peer", "call_site", "start_ns"]
     c = coll[(coll["rank"] == rank).to_numpy()].assign(peer=-1)[cols]
     p = p2p[(p2p["rank"] == rank).to_numpy()][cols]
     out = pd.concat([c.astype({"op_name": str, "process_group": str, "call_site": str}),
                      p.astype({"op_name": str, "process_group": str, "call_site": str})], ignore_index=True)
-    return out.sort_values("op_id", kind="stable").reset_index(drop=True)
+    # by start, then op_id: rows merged from the rank's own Flight Recorder (DDP's, broadcast_object_list's
+    # inner broadcast) are numbered after every traced row, not where the rank issued them
+    return out.sort_values(["start_ns", "op_id"], kind="stable").reset_index(drop=True)
 
 
 def _tokens(seq: pd.DataFrame) -> list[str]:
