@@ -434,13 +434,14 @@ def _ref_note(n_hist: int, groups: list[str]) -> str:
 
 
 def merge_history(dev: pd.DataFrame, hist: pd.DataFrame) -> pd.DataFrame:
-    """Instance votes plus history deviations; history replaces a tie it resolves."""
+    """Instance votes plus history deviations; history replaces the ties of an instance it resolves (all its
+    categories: an op type decided by history explains the sizes tied beside it)."""
     if not len(hist):
         return dev
     if not len(dev):
         return hist
-    resolved = hist[["process_group", "seq", "category"]].drop_duplicates().assign(resolved=True)
-    d = dev.merge(resolved, on=["process_group", "seq", "category"], how="left")
+    resolved = hist[["process_group", "seq"]].drop_duplicates().assign(resolved=True)
+    d = dev.merge(resolved, on=["process_group", "seq"], how="left")
     d = d[~(d["resolved"].fillna(False).astype(bool) & d["tie"].astype(bool))].drop(columns="resolved")
     out = pd.concat([d, hist], ignore_index=True)
     return out.sort_values(["process_group", "seq", "rank"], kind="stable").reset_index(drop=True)
