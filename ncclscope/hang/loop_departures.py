@@ -25,6 +25,7 @@ from ncclscope.findings import Cause, CauseBasis, Departure, Finding
 from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, op_evidence, payload, since, sort_key, waiter_evidence,
                                    waiting_summary)
 from ncclscope.index.labels import rank_label
+from ncclscope.index.source_loops import cwds_of, left_loop_note
 from ncclscope.index.repetition import MAX_PERIOD, repeats_to_end, virtual_steps
 
 MAX_MEMBERS = 16            # cycle members whose sequences are read
@@ -237,3 +238,29 @@ def left_loop_finding(ctx: WaitContext, comp: list[int], cycle: list[int], invol
     return sort_key(involved, start), Finding(kind="hang", severity="error", title=title, ranks=roots,
                                                evidence=ev[:MAX_EVIDENCE * 2],
                                                cause=Cause(basis=CauseBasis.LOOP, departure=dep), **pl)
+
+
+def finished_by_leavers(ctx: WaitContext, r: int, ws: set[int]) -> tuple[tuple, Finding] | None:
+    """Ranks wait on `r`, which finished its loop; the ones whose own loop broke at the op they wait in
+    (`waiter_leavers`) are the root, not the rank that ran its program out."""
+    direct = sorted(int(w) for w in ctx.edges.select(targets=[r])["waiter"].unique())
+    leavers = waiter_leavers(ctx.coll, ctx.ix.p2p, ctx.blocking, direct, comm_sequence(ctx.coll, ctx.ix.p2p, r))
+    if not leavers or len(leavers) >= len(direct) + 1:
+        return None
+    return left_loop_finding(ctx, [r], [], set(ws), leavers)
+
+
+def left_loop_text(ctx: WaitContext, waiter_site: str, root_sites: list[str] | None = None) -> str:
+    """" (the others post it at S, in the loop at L; it left that loop early)" for a root whose peers
+    still loop: it finished (`root_sites` None) or is blocked at lines outside that loop (its data ran
+    out, a loop bound of its own). Only the others' site where the loop is not known or not left."""
+    if not waiter_site:
+        return ""
+    return f" (the others post it at {waiter_site}{left_loop_note(cwds_of(ctx.trace), waiter_site, root_sites)})"
+
+
+def site_of(ctx: WaitContext, rank: int, op_id: int) -> str:
+    """The call site of one of a rank's ops, "" when not recorded."""
+    ops = ctx.trace.ops
+    row = ops[(ops["rank"].to_numpy() == rank) & (ops["op_id"].to_numpy() == op_id)]
+    return str(row["call_site"].iloc[0]) if len(row) and "call_site" in row.columns else ""

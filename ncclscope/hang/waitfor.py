@@ -34,7 +34,8 @@ import pandas as pd
 from ncclscope import schema as S
 from ncclscope.findings import Evidence, Finding, WaitSummary
 from ncclscope.hang.census import step_census_deviations
-from ncclscope.hang.loop_departures import comm_sequence, cycle_leavers, left_loop_finding, waiter_leavers
+from ncclscope.hang.loop_departures import (cycle_leavers, finished_by_leavers, left_loop_finding, left_loop_text,
+                                           site_of)
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label, seconds
 from ncclscope.hang.loop_order import loop_leavers, loop_passers, looped, not_reached
@@ -42,7 +43,6 @@ from ncclscope.index.p2p_pairs import direction
 from ncclscope.index.stack_excerpts import user_frame
 from ncclscope.index.wait_edges import WaitEdges
 from ncclscope.index.waitgraph import WaitGraph, wait_graph
-from ncclscope.index.source_loops import cwds_of, left_loop_note
 from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, at_site, edge_desc, op_desc, op_evidence, payload, since, sort_key,
                       waiter_evidence, waiting_summary, wanted_desc)
 
@@ -94,7 +94,7 @@ def _classify(ctx: WaitContext, graph: WaitGraph) -> tuple[list[Finding], list[l
         elif ws:
             endpoints.setdefault(role, []).append((r, ws))
     for item in list(endpoints.get("finished", [])):
-        left = _finished_by_leavers(ctx, *item)
+        left = finished_by_leavers(ctx, *item)
         if left is not None:
             endpoints["finished"].remove(item)
             findings.append(left)
@@ -111,16 +111,6 @@ def _classify(ctx: WaitContext, graph: WaitGraph) -> tuple[list[Finding], list[l
     named = {r for f in out for r in f.ranks}
     quiet = _unwaited_dead(ctx, named)
     return out + ([quiet] if quiet else []), cycles
-
-
-def _finished_by_leavers(ctx: WaitContext, r: int, ws: set[int]) -> tuple[tuple, Finding] | None:
-    """Ranks wait on `r`, which finished its loop; the ones whose own loop broke at the op they wait in
-    (loop_departures.waiter_leavers) are the root, not the rank that ran its program out."""
-    direct = sorted(int(w) for w in ctx.edges.select(targets=[r])["waiter"].unique())
-    leavers = waiter_leavers(ctx.coll, ctx.ix.p2p, ctx.blocking, direct, comm_sequence(ctx.coll, ctx.ix.p2p, r))
-    if not leavers or len(leavers) >= len(direct) + 1:
-        return None
-    return left_loop_finding(ctx, [r], [], set(ws), leavers)
 
 
 def _unwaited_dead(ctx: WaitContext, named: set[int]) -> Finding | None:
@@ -317,7 +307,7 @@ def _skip_finding(ctx: WaitContext, comp: list[int], cycle: list[int], involved:
              f"{'; every earlier iteration of its loop did' if looped(e) else ''}) and went on to {went}")
     posted = ctx.coll[(ctx.coll["process_group"] == g).to_numpy() & (ctx.coll["collective_seq_id"] == k).to_numpy()]
     if len(posted) and "call_site" in posted.columns:
-        title += _left_loop(ctx, str(posted["call_site"].astype(str).mode().iloc[0]),
+        title += left_loop_text(ctx, str(posted["call_site"].astype(str).mode().iloc[0]),
                             [str(s) for s in rb["call_site"]] if "call_site" in rb.columns else [])
     if summary:
         title += f"; {summary}"
@@ -371,8 +361,8 @@ def _endpoint_finding(ctx: WaitContext, r: int, role: str, waiters: set[int]) ->
     else:
         kind = "hang"
         if role == "finished":
-            site = _site_of(ctx, int(into.iloc[0]["waiter"]), int(into.iloc[0]["op_id"])) if len(into) else ""
-            title = f"{who} finished (exit 0) without posting {wanted}" + _left_loop(ctx, site)
+            site = site_of(ctx, int(into.iloc[0]["waiter"]), int(into.iloc[0]["op_id"])) if len(into) else ""
+            title = f"{who} finished (exit 0) without posting {wanted}" + left_loop_text(ctx, site)
         else:
             title = (f"{who} never posted {wanted} and is in no communication op "
                      f"(state {row.state}; last op {row.last_op or 'none'} {row.last_op_status})")
@@ -383,22 +373,6 @@ def _endpoint_finding(ctx: WaitContext, r: int, role: str, waiters: set[int]) ->
     pl = payload(ctx, [r], waiters, direct, start, summary, rank_role=role)
     return sort_key(waiters, start), Finding(kind=kind, severity="error", title=title, ranks=[r], evidence=ev,
                                               **pl)
-
-
-def _left_loop(ctx: WaitContext, waiter_site: str, root_sites: list[str] | None = None) -> str:
-    """" (the others post it at S, in the loop at L; it left that loop early)" for a root whose peers
-    still loop: it finished (`root_sites` None) or is blocked at lines outside that loop (its data ran
-    out, a loop bound of its own). Only the others' site where the loop is not known or not left."""
-    if not waiter_site:
-        return ""
-    return f" (the others post it at {waiter_site}{left_loop_note(cwds_of(ctx.trace), waiter_site, root_sites)})"
-
-
-def _site_of(ctx: WaitContext, rank: int, op_id: int) -> str:
-    """The call site of one of a rank's ops, "" when not recorded."""
-    ops = ctx.trace.ops
-    row = ops[(ops["rank"].to_numpy() == rank) & (ops["op_id"].to_numpy() == op_id)]
-    return str(row["call_site"].iloc[0]) if len(row) and "call_site" in row.columns else ""
 
 
 def _endpoint_group_finding(ctx: WaitContext, items: list[tuple[int, set[int]]], role: str) -> tuple[tuple, Finding]:
