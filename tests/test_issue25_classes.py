@@ -131,6 +131,32 @@ def test_class10_a_live_job_with_nothing_in_flight_is_not_stopped() -> None:
     assert live.verdict.startswith("STUCK IN COMPUTE"), live.verdict
 
 
+def test_class10_a_live_rank_with_no_directory_yet_has_not_started() -> None:
+    """follow_watch.py, pp2dp2 and tp2dp2 under load 18, poll 1: `DEAD RANK: ranks 1-3 ... left no trace
+    directory`. On a loaded machine ranks start seconds apart: live, a rank with no directory is judged by
+    its peers' waits on it, as any wait; a long wait on it is still called."""
+    from ncclscope.tui.follow import hold_premature_hang
+    from ncclscope.verdict.compose import run as compose
+
+    def job(wait_s: float):
+        b = TraceBuilder(4, groups={"world": [0, 1, 2, 3]})
+        b.collective(0, "world", 1, start=0.0)
+        b.heartbeats(0, 0.0, wait_s)
+        for r in (1, 2, 3):
+            b.rank_state(r, present=False)
+        return b.build()
+
+    trace = job(0.5)
+    post_mortem = compose(trace)
+    assert post_mortem.verdict.startswith("DEAD RANK"), post_mortem.verdict
+    live, note = hold_premature_hang(post_mortem, trace)
+    assert live.verdict.startswith("OK"), live.verdict
+    assert note.startswith("live:")
+    trace = job(120.0)
+    live, _ = hold_premature_hang(compose(trace), trace)
+    assert live.verdict.startswith("DEAD RANK"), live.verdict
+
+
 
 def _tp_dp_wrong_group(sites: bool) -> TraceBuilder:
     """tp 2 x dp 2 as a Flight Recorder dump reads it (no step numbers): each iteration an all_reduce on the

@@ -349,6 +349,11 @@ def hold_premature_hang(analysis: Any, trace: Trace) -> tuple[Any, str]:
         return _without(analysis, hang), "live: no op in flight yet" if not len(ops) else "live: between ops"
     if not ranks:
         return analysis, ""
+    absent = {r for r in ranks if r in trace.ranks and not trace.ranks[r].present}
+    if absent and all(f.kind == FindingKind.DEAD_RANK and set(f.ranks) <= absent for f in hang):
+        # a live job's rank with no directory yet has not started (a loaded machine starts ranks seconds
+        # apart), which is no death: judged by its peers' waits on it, as any wait
+        ranks = sorted(set(trace.ranks) - absent)
     mine = ops[ops["rank"].isin(ranks).to_numpy() & (ops["kind"] != S.KIND_MARKER).to_numpy()]
     status = mine["status"].astype(str)
     if status.isin([S.STATUS_TIMEOUT, S.STATUS_ERROR]).any():
@@ -357,7 +362,7 @@ def hold_premature_hang(analysis: Any, trace: Trace) -> tuple[Any, str]:
         return analysis, ""
     infl = mine[(status == "inflight").to_numpy()]
     if not len(infl):
-        return analysis, ""
+        return (_without(analysis, hang), "live: waiting for ranks to start") if absent else (analysis, "")
     now = trace.end_ns
     cfg = trace.run.config
     timeout_s = cfg.get("timeout_s") if isinstance(cfg.get("timeout_s"), (int, float)) else None
