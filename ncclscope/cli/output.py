@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import re
 import sys
+from collections import Counter
 from typing import Any
 
 from ncclscope.findings import Finding
 
 MAX_WARNINGS_SHOWN = 20
+MAX_RANK_ROWS = 64          # the Ranks table of a bigger job shows this many, the rest counted
 
 
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -83,11 +85,14 @@ def _print_ranks(trace: Any, out: Any) -> None:
     from ncclscope.index.summary import rank_summary
     table = rank_summary(trace)
     print(f"\nRanks ({len(table)}):", file=out)
-    if len(table) > 64:
-        shown = table[table["state"] != "finished"].head(64)
-        print(f"  ({len(table) - len(shown)} finished ranks not shown)", file=out)
-    else:
-        shown = table
+    untraced = table["rank"].isin(untraced_ranks(trace)).to_numpy()
+    traced, world = traced_of(trace)
+    if traced < world:
+        hidden = f"; the {int(untraced.sum())} untraced are not shown" if untraced.any() else ""
+        print(f"  {traced} of {world} ranks traced{hidden}", file=out)
+    shown, note = _rows_shown(table[~untraced])
+    if note:
+        print(f"  ({note})", file=out)
     grid = Table(box=None, show_edge=False, pad_edge=False, header_style="bold", padding=(0, 1))
     numeric = {"rank", "steps", "ops"}
     for col in shown.columns:
@@ -105,9 +110,39 @@ def _print_ranks(trace: Any, out: Any) -> None:
         print(line.rstrip(), file=out)
 
 
+def traced_of(trace: Any) -> tuple[int, int]:
+    """(ranks with a trace, ranks in the job): the "N of M ranks traced" of the text and JSON faces.
+    Public: profiling a sample of ranks is the norm, so every face says how many were seen."""
+    traced = len(trace.present_ranks)
+    return traced, max(int(trace.world_size), traced)
+
+
+def untraced_ranks(trace: Any) -> list[int]:
+    """Ranks an input that records a sample of ranks (profiler traces) has no data of: the index's rule
+    (`rank_states.untraced`), read from the RankInfos, so the faces never rebuild the index for it.
+    Public: the text face leaves them out of the Ranks table, which has nothing to say of them."""
+    from ncclscope.index.rank_states import SAMPLED_SOURCES
+    if trace.run.source not in SAMPLED_SOURCES:
+        return []
+    return [r for r, info in trace.ranks.items() if not info.present]
+
+
+def _rows_shown(table: Any) -> tuple[Any, str]:
+    """At most MAX_RANK_ROWS rows in rank order, the ranks that need a look first (then finished ones),
+    and a note that counts the rows left out by their state, so "not shown" names what they are."""
+    if len(table) <= MAX_RANK_ROWS:
+        return table, ""
+    states = [str(st) for st in table["state"]]
+    keep = sorted(sorted(range(len(states)), key=lambda i: (states[i] == "finished", i))[:MAX_RANK_ROWS])
+    kept = set(keep)
+    left = Counter(st for i, st in enumerate(states) if i not in kept)
+    counts = ", ".join(f"{n} {st}" for st, n in sorted(left.items(), key=lambda item: (-item[1], item[0])))
+    return table.iloc[keep], f"{plural(sum(left.values()), 'rank')} not shown: {counts}"
+
+
 def json_report(trace: Any, analysis: Any) -> dict[str, Any]:
-    """The `analyze --json` document (verdict, findings, ranks, warnings). Public: the
-    scale benchmark and tests compare it byte for byte with the CLI's output."""
+    """The `analyze --json` document (verdict, findings, how many ranks were traced, ranks, warnings).
+    Public: the scale benchmark and tests compare it byte for byte with the CLI's output."""
     from ncclscope.index.summary import rank_summary
     from ncclscope.schema import SCHEMA_VERSION
     return {
@@ -115,6 +150,8 @@ def json_report(trace: Any, analysis: Any) -> dict[str, Any]:
         "run": str(trace.path),
         "verdict": analysis.verdict,
         "level": analysis.level,
+        "world_size": traced_of(trace)[1],
+        "traced_ranks": traced_of(trace)[0],       # "N of M ranks traced": profilers trace a sample
         "findings": [f.to_json() for f in analysis.findings],
         "analysis_errors": list(analysis.errors),
         "ranks": rank_summary(trace).to_dict(orient="records"),

@@ -105,6 +105,7 @@ def with_release(ops: pd.DataFrame, coll: pd.DataFrame) -> pd.DataFrame:
     prev_end = np.r_[-1, end[:-1]].astype(np.float64)
     prev_end[np.r_[True, rank[1:] != rank[:-1]] | (prev_end < 0)] = np.nan
     gap = pd.Series(start - prev_end, index=pd.MultiIndex.from_arrays([rank, op_id]))
+    gap = gap[~gap.index.duplicated(keep=False)]    # op ids reused across merged sources: no gap for those
     key = pd.MultiIndex.from_arrays([coll["rank"].to_numpy(), coll["op_id"].to_numpy()])
     return coll.assign(gap_ns=gap.reindex(key).to_numpy())
 

@@ -49,11 +49,13 @@ from ncclscope.hang.late_arrival import find_late_arrivals
 from ncclscope.hang.nonmember import find_nonmember_calls
 from ncclscope.hang.p2p import analyze_p2p
 from ncclscope.hang.schedule_check import analyze_schedule
+from ncclscope.hang.shape_rules import shape_deviations
 from ncclscope.hang.p2p_tags import tag_deviations
 from ncclscope.hang.p2p_sizes import size_deviations
 from ncclscope.index.stack_excerpts import stack_for
 from ncclscope.hang.stopped import fr_roots
 from ncclscope.hang.waitfor import analyze_waits
+from ncclscope.verdict.cite import cite_sources
 
 if TYPE_CHECKING:
     from ncclscope.load.trace import Trace
@@ -103,9 +105,10 @@ def diagnose(trace: Trace, max_per_group: int = 5) -> Diagnosis:
     sched = analyze_schedule(ix)
     before = (skips_before_death(ix, roots) + mismatches_before_death(ix, roots) + find_late_arrivals(ix)
               + find_nonmember_calls(ix))
-    causes = (with_deaths_inside(ix, cr.findings) + sched + before + tag_deviations(ix, pr.findings)
-              + size_deviations(ix) + pr.findings + gr.findings + context)
-    findings = combine(trace, *fr_roots(ix, roots, causes))
+    sized = size_deviations(ix)
+    causes = (shape_deviations(ix, sized) + with_deaths_inside(ix, cr.findings) + sched + before
+              + tag_deviations(ix, pr.findings) + sized + pr.findings + gr.findings + context)
+    findings = cite_sources(trace, combine(trace, *fr_roots(ix, roots, causes)))   # a second source's words
     tables = {"blocking_ops": wr.blocking, "rank_states": wr.ranks,
               "collective_instances": cr.instances, "collective_deviations": cr.deviations,
               "missing_participants": cr.missing, "p2p_pairs": pr.pairs, "p2p_unmatched": pr.unmatched,

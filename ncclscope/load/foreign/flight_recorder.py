@@ -200,15 +200,16 @@ def _assemble(read: _Read, fixed: FixedUp) -> Trace:
     ents, f, files, warnings = read.ents, fixed, read.files, read.warnings
     present = f.present
     markers = dump_markers(ents.rank_stats, files, present)
-    stacks = pending_stacks(ents, ~f.completed, f.op_names, f.op, f.labels, f.label, f.peer, f.p2p_seq, f.is_p2p)
+    stacks = pending_stacks(ents, ~f.completed & f.keep, f.op_names, f.op, f.labels, f.label, f.peer, f.p2p_seq,
+                            f.is_p2p)
     backend_of_label = f.backend_of_label(ents)
     cols = {"rank": ents.rank, "op_id": ents.record_id, "kind": f.is_p2p, "op_name": f.op, "process_group": f.label,
-            "collective_seq_id": ents.cseq, "p2p_seq_id": f.p2p_seq, "peer": f.peer, "bytes": ents.nbytes,
-            "input_dtypes": ents.dtype_code, "input_sizes": ents.size_code, "timeout_ms": ents.timeout_ms,
+            "collective_seq_id": ents.cseq, "p2p_seq_id": f.p2p_seq, "peer": f.peer, "bytes": f.nbytes,
+            "input_dtypes": f.dtype_code, "input_sizes": f.size_code, "timeout_ms": ents.timeout_ms,
             "call_site": ents.site_code, "time_ns": ents.created, "ended": f.completed, "end_ns": f.end_ns,
             "inferred": f.inferred}
-    texts = {"op_name": f.op_names, "process_group": f.labels, "input_dtypes": ents.dtype_texts,
-             "input_sizes": ents.size_texts, "call_site": ents.sites}
+    texts = {"op_name": f.op_names, "process_group": f.labels, "input_dtypes": f.dtype_texts,
+             "input_sizes": f.size_texts, "call_site": ents.sites}      # sizes: "[[8]] -> [[16]]" with outputs
     keep = f.keep
     # the per-entry columns are spent but for `cols`: free them before the tables are built (~0.4 GB at 2 M entries)
     f.release()
@@ -232,6 +233,7 @@ def _assemble(read: _Read, fixed: FixedUp) -> Trace:
         "version": sorted(read.versions), "backend": ",".join(sorted(set(f.backend_of_pn) - {""})),
         "world_size": world, "dumps": {str(r): str(files[r][0]) for r in sorted(files)},
         "comm_lib_version": next((str(d.get("comm_lib_version", "")) for d in read.dumps.values()), ""),
+        "members_rebuilt": f.rebuilt,        # groups no pg_config listed: their size is a guess (hang/shape_rules)
     }
     return slim_tables(assemble(read.root, RunInfo.from_dict(run), world, ranks,
                                 Tables(events=tables, group_rows=group_rows, stacks=stacks, warnings=warnings)))

@@ -12,55 +12,21 @@ part-way adds nothing (all or nothing).
 from __future__ import annotations
 
 import marshal
-import operator
 from itertools import repeat
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from ncclscope.load import safe_io
+from ncclscope.load.foreign.fr_fields import KEYS, fields
 from ncclscope.load.foreign.fr_read import dtype_and_bytes, field_ints, object_array, size_text, field_text, call_site
 
-__all__ = ["Entries", "KEYS"]
+__all__ = ["Entries", "KEYS", "fields"]
 
-# p2p_seq_id is not used (ours is recounted), but a dump without it takes the tolerant path, as it always did
-KEYS = ("record_id", "process_group", "collective_seq_id", "p2p_seq_id", "profiling_name", "input_sizes",
-        "input_dtypes", "state", "time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns",
-        "timeout_ms", "is_p2p", "thread_id", "frames")
-_GET_ALL = operator.itemgetter(*KEYS)
-_CODED = ("pg_name", "pg_desc", "pname", "state", "thread", "site", "size_text", "dtype_text")
-_INTS = ("rank", "record_id", "cseq", "created", "started", "completed_ns", "timeout_ms", "nbytes")
-
-
-def fields(entries: list[Any], fast: bool = True) -> dict[str, Any]:
-    """KEYS -> the values of that field, one per entry. `fast`: one C call per entry and
-    one transpose when every entry is a dict with every key (format 2.x as torch writes
-    it); else, or when that fails, the tolerant path: non-dict entries skipped, a missing
-    key None, `seq_id` where an older format has no `collective_seq_id`."""
-    if fast:
-        try:
-            cols = list(zip(*map(_own_keys_getter(entries), entries)))
-            return dict(zip(KEYS, cols)) if cols else {k: () for k in KEYS}
-        except (KeyError, TypeError, IndexError):
-            pass
-    rows = [e for e in entries if isinstance(e, dict)]
-    out = {k: [e.get(k) for e in rows] for k in KEYS}
-    seq = out["collective_seq_id"]
-    for i, e in enumerate(rows):
-        if seq[i] is None:
-            seq[i] = e.get("seq_id")
-    return out
-
-
-def _own_keys_getter(entries: list[Any]) -> operator.itemgetter:
-    """`_GET_ALL` with the first entry's own key objects. A dump's entries share their key strings (the
-    pickle memo, json's key memo), so each lookup then matches by identity, without comparing the
-    text of a key that is equal but another object (~5% of reading the entries)."""
-    first = entries[0] if entries else None
-    if type(first) is not dict:
-        return _GET_ALL
-    own = {k: k for k in first if type(k) is str}
-    return operator.itemgetter(*[own.get(k, k) for k in KEYS])
+_CODED = ("pg_name", "pg_desc", "pname", "state", "thread", "thread_name", "site", "size_text", "dtype_text",
+          "out_size", "out_dtype")
+_INTS = ("rank", "record_id", "cseq", "p2pseq", "created", "started", "completed_ns", "timeout_ms", "nbytes")
 
 
 _PLAIN = frozenset({str, int, type(None)})
@@ -210,7 +176,7 @@ class Entries:
             fixed = [pg if isinstance(pg, (list, tuple)) and len(pg) >= 2 else (field_text(pg), "") for pg in pgs]
             pg_name, pg_desc = tuple(p[0] for p in fixed), tuple(p[1] for p in fixed)
         ints = {"rank": np.full(n, rank, np.int64), "record_id": field_ints(c["record_id"], -1),
-                "cseq": field_ints(c["collective_seq_id"], -1),
+                "cseq": field_ints(c["collective_seq_id"], -1), "p2pseq": field_ints(c["p2p_seq_id"], -1),
                 "created": field_ints(c["time_created_ns"], -1),        # -1: no time (the analyses then say none)
                 "started": field_ints(c["time_discovered_started_ns"], 0),
                 "completed_ns": field_ints(c["time_discovered_completed_ns"], 0), "timeout_ms": field_ints(c["timeout_ms"], -1)}
@@ -223,24 +189,20 @@ class Entries:
         tables = self._tables
         coded: dict[str, tuple[np.ndarray, dict[Any, int]]] = {}
         for key, vals in (("pg_name", pg_name), ("pg_desc", pg_desc), ("pname", c["profiling_name"]),
-                          ("state", c["state"]), ("thread", c["thread_id"])):
+                          ("state", c["state"]), ("thread", c["thread_id"]), ("thread_name", c["thread_name"])):
             coded[key] = tables[key].codes(*_distinct_texts(vals))
         coded["site"] = self._sites(c["frames"]) if fast else tables["site"].codes(_plain_sites(c["frames"]))
-        sizes, dts = c["input_sizes"], c["input_dtypes"]
-        shapes = self._shapes(sizes, dts) if fast else None
-        if shapes is not None:
-            coded["size_text"], coded["dtype_text"], ints["nbytes"] = shapes
-        else:
-            texts = _size_texts(sizes) if fast else [size_text(sz) for sz in sizes]
-            coded["size_text"] = tables["size_text"].codes(texts)
-            coded["dtype_text"], ints["nbytes"] = self._dtypes_and_bytes(texts, coded["size_text"][0], sizes, dts,
-                                                                         fast)
+        coded["size_text"], coded["dtype_text"], ints["nbytes"] = self._texts(c["input_sizes"], c["input_dtypes"],
+                                                                              ("size_text", "dtype_text"), fast)
+        coded["out_size"], coded["out_dtype"], _ = self._texts(c["output_sizes"], c["output_dtypes"],
+                                                               ("out_size", "out_dtype"), fast)
         frames = {}
         record = ints["record_id"]
         all_frames = c["frames"]
         state_codes, new_states = coded["state"]
         done = tables["state"].index.get("completed", new_states.get("completed", -1))
-        for i in np.flatnonzero(state_codes != done).tolist():   # frames kept: unfinished entries only
+        unfinished = self._unfinished(state_codes != done, coded, ints, is_p2p)
+        for i in np.flatnonzero(unfinished).tolist():   # frames kept: unfinished entries only
             fr = all_frames[i]
             if fr:
                 frames[(rank, int(record[i]))] = fr
@@ -259,6 +221,22 @@ class Entries:
             max(old[4], stats[4]))
         self.frames.update(frames)
 
+    def _unfinished(self, pending: np.ndarray, coded: dict[str, Any], ints: dict[str, np.ndarray],
+                    is_p2p: np.ndarray) -> np.ndarray:
+        """`pending` (not completed) less the members of a coalesced block whose marker completed: they never
+        leave `scheduled` (fr_coalesced) and finish with their marker, so their stacks are not kept (a job
+        that batches its sends and receives would keep nearly every stack). A member shares its marker's
+        (group, p2p or not, sequence id); the marker's profiling name ends in "coalesced"."""
+        pn_codes, new = coded["pname"]
+        markers = [c for name, c in (*self._tables["pname"].index.items(), *new.items())
+                   if isinstance(name, str) and name.endswith("coalesced")]
+        if not markers or not pending.any():
+            return pending
+        seq = np.where(is_p2p, ints["p2pseq"], ints["cseq"])
+        key = pd.MultiIndex.from_arrays([coded["pg_name"][0], is_p2p, seq])
+        closed = np.isin(pn_codes, markers) & ~pending
+        return pending & ~key.isin(key[closed])
+
     def _sites(self, all_frames: list[Any]) -> tuple[np.ndarray, dict[Any, int]]:
         """`_Table.codes` of each entry's call site, coded once per distinct frames object (the sites
         in order of their first entry, so the table numbers them as coding the per-entry list would)."""
@@ -269,7 +247,19 @@ class Entries:
         code = dict(zip(site_of, codes.tolist()))
         return np.fromiter(map(code.__getitem__, ids), np.int64, len(ids)), new
 
-    def _shapes(self, sizes: Any, dts: Any) -> tuple[Any, Any, np.ndarray] | None:
+    def _texts(self, sizes: Any, dts: Any, tables: tuple[str, str], fast: bool) -> tuple[Any, Any, np.ndarray]:
+        """(size text codes, dtype text codes, bytes) of each entry's (sizes, dtypes) into `tables`: the inputs,
+        or the outputs (a dump without outputs: "null" and "" throughout)."""
+        shapes = self._shapes(sizes, dts, tables) if fast else None
+        if shapes is not None:
+            return shapes
+        texts = _size_texts(sizes) if fast else [size_text(sz) for sz in sizes]
+        size_codes = self._tables[tables[0]].codes(texts)
+        dtype_codes, nbytes = self._dtypes_and_bytes(texts, size_codes[0], sizes, dts, fast, tables[1])
+        return size_codes, dtype_codes, nbytes
+
+    def _shapes(self, sizes: Any, dts: Any,
+                tables: tuple[str, str] = ("size_text", "dtype_text")) -> tuple[Any, Any, np.ndarray] | None:
         """(size text codes, dtype text codes, payload bytes) of each entry, each worked out once per
         distinct (input_sizes, input_dtypes) pair, the pairs keyed by their marshal bytes (one C pass:
         equal bytes mean equal types and values, so equal texts and bytes; `_holds_set` covers the one
@@ -301,13 +291,13 @@ class Entries:
         code = dict(zip(last, range(len(last))))
         of_entry = np.fromiter(map(code.__getitem__, keys), np.int64, n)
         # the tables number texts in order of first appearance over the entries: the pairs are in that order
-        size_codes, new_sizes = self._tables["size_text"].codes(size_texts)
-        name_codes, new_names = self._tables["dtype_text"].codes(names)
+        size_codes, new_sizes = self._tables[tables[0]].codes(size_texts)
+        name_codes, new_names = self._tables[tables[1]].codes(names)
         return ((size_codes[of_entry], new_sizes), (name_codes[of_entry], new_names),
                 np.array(nbytes, np.int64)[of_entry])
 
-    def _dtypes_and_bytes(self, texts: list[str], size_code: np.ndarray, sizes: Any, dts: Any,
-                          fast: bool) -> tuple[tuple[np.ndarray, dict[Any, int]], np.ndarray]:
+    def _dtypes_and_bytes(self, texts: list[str], size_code: np.ndarray, sizes: Any, dts: Any, fast: bool,
+                          table: str = "dtype_text") -> tuple[tuple[np.ndarray, dict[Any, int]], np.ndarray]:
         """dtype text codes (`_Table.codes` of the per-entry texts) and payload bytes per entry, worked out
         once per distinct (shape text, dtypes); `size_code`: a code per distinct shape text."""
         n = len(texts)
@@ -337,7 +327,7 @@ class Entries:
         # the names coded per pair, the pairs taken in order of their first entry: the table then numbers the
         # names in order of first appearance over the entries, as coding the per-entry list would
         order = np.argsort(firsts, kind="stable")
-        pair_names, new = self._tables["dtype_text"].codes([hits[i][0] for i in order.tolist()])
+        pair_names, new = self._tables[table].codes([hits[i][0] for i in order.tolist()])
         of_pair = np.empty(n_pairs, np.int64)
         of_pair[order] = pair_names
         return (of_pair[pair_code], new), np.array([h[1] for h in hits], np.int64)[pair_code]
@@ -355,6 +345,7 @@ class Entries:
             return out
 
         self.rank, self.record_id, self.cseq = cat("rank", np.int64), cat("record_id", np.int64), cat("cseq", np.int64)
+        self.p2pseq = cat("p2pseq", np.int64)
         self.created, self.started = cat("created", np.int64), cat("started", np.int64)
         self.completed_ns, self.timeout_ms = cat("completed_ns", np.int64), cat("timeout_ms", np.int64)
         self.is_p2p, self.nbytes = cat("is_p2p", bool), cat("nbytes", np.int64)
@@ -367,9 +358,12 @@ class Entries:
         self.pn_code, self.pnames = codes("pname")
         self.state_code, self.states = codes("state")
         self.thread_code, self.threads = codes("thread")
+        self.thread_name_code, self.thread_names = codes("thread_name")
         self.site_code, self.sites = codes("site")
         self.size_code, self.size_texts = codes("size_text")
         self.dtype_code, self.dtype_texts = codes("dtype_text")
+        self.out_size_code, self.out_size_texts = codes("out_size")      # "null": no outputs recorded
+        self.out_dtype_code, self.out_dtype_texts = codes("out_dtype")
         self._tables = {}
         self._parts = {}
         self._bytes_cache = {}

@@ -59,7 +59,14 @@ def pending_stacks(ents: Entries, pending: np.ndarray, op_names: list[str], op: 
             seq = p2p_seq[i] if is_p2p[i] else ents.cseq[i]
             what = f"{op_names[op[i]]} #{seq} on {labels[label[i]]}" + (f" peer {peer[i]}" if peer[i] >= 0 else "")
             parts.append(f"Flight Recorder: {what} (record {ents.record_id[i]}, state {ents.states[ents.state_code[i]] or '?'}, "
-                         f"thread {ents.threads[ents.thread_code[i]] or '?'}) was created here:\n"
+                         f"thread {_thread(ents, i)}) was created here:\n"
                          f"{format_stack(ents.frames.get((int(ents.rank[i]), int(ents.record_id[i]))))}")
         out[int(r)] = "\n".join(parts)
     return out
+
+
+def _thread(ents: Entries, i: int) -> str:
+    """"140213 (pt_autograd_0)": the thread id, "?" where not recorded, and its name where the dump has one
+    (format 2.9+: an op a backward hook issued says so)."""
+    name, tid = ents.thread_names[ents.thread_name_code[i]], ents.threads[ents.thread_code[i]]
+    return f"{tid or '?'} ({name})" if name else (tid or "?")

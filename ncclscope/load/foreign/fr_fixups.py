@@ -5,8 +5,12 @@
   group-local ranks);
 - completion of gloo collectives, whose state never leaves `scheduled`
   (`infer_gloo`);
+- the sender of a receive from any source ("recv 1<-?"), which names none
+  (`any_source_peers`);
 - p2p sequence numbers aligned between the two sides of a pair when a ring
   buffer wrapped (`p2p_sequences`).
+
+Coalesced blocks are `fr_coalesced`'s.
 """
 from __future__ import annotations
 
@@ -141,6 +145,43 @@ def peer_of(meta: str, direction: str, rank: int, members: tuple[int, ...]) -> i
     if len(members) == 2 and rank in members:         # no peer written: a 2-rank group has one other
         return members[0] if members[1] == rank else members[1]
     return -1
+
+
+def any_source_peers(todo: np.ndarray, rank: np.ndarray, label: np.ndarray, created: np.ndarray,
+                     record: np.ndarray, is_send: np.ndarray, is_recv: np.ndarray, peer: np.ndarray) -> np.ndarray:
+    """The sender of each receive from any source (`todo`: entry positions; the other arrays per entry).
+
+    Such a receive names no peer; the backend hands it the first message that arrives. It takes, on its
+    group, a sender with a send to this rank that no receive of this rank claims (receives that name their
+    source claim the oldest sends of that source first), the sender whose next unclaimed send is the
+    oldest, in the order the rank posted its receives. -1 where no sender has one to spare. Work per
+    (receiving rank, group) and per any-source receive times the senders to it: receives from any source
+    are rare, and their senders few."""
+    out = np.full(len(todo), -1, np.int64)
+    if not len(todo):
+        return out
+    sends = np.flatnonzero(is_send & (peer >= 0))
+    named = np.flatnonzero(is_recv & (peer >= 0))
+    order = np.lexsort((record[todo], rank[todo], label[todo]))
+    for key in np.unique(rank[todo] * (int(label.max()) + 1) + label[todo]).tolist():
+        r, lab = divmod(key, int(label.max()) + 1)
+        mine = order[(rank[todo][order] == r) & (label[todo][order] == lab)]
+        to_me = sends[(peer[sends] == r) & (label[sends] == lab)]
+        if not len(to_me):
+            continue
+        claimed = named[(rank[named] == r) & (label[named] == lab)]
+        queue = {}                    # sender -> its sends' times, oldest first, and how many are claimed
+        for src in np.unique(rank[to_me]).tolist():
+            times = np.sort(created[to_me[rank[to_me] == src]])
+            queue[src] = [times, int((peer[claimed] == src).sum())]
+        for j in mine.tolist():
+            open_ = [(q[0][q[1]], s) for s, q in queue.items() if q[1] < len(q[0])]
+            if not open_:
+                break
+            src = min(open_)[1]
+            queue[src][1] += 1
+            out[j] = src
+    return out
 
 
 # --------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import pandas as pd
@@ -17,36 +17,42 @@ import pyarrow as pa
 
 from ncclscope.load import safe_io
 from ncclscope import schema as S
+from ncclscope.load.foreign.prof_links import PARAM_COMMS, CpuOp, Launches, cpu_op, link_kernels
 from ncclscope.load.foreign.prof_read import C10D_P2P, STEP_RE, UNKNOWN_GROUP, microbatch_of
-from ncclscope.load.foreign.vocab import P2P_OPS, GroupNamer, dtype_itemsize, events_table, normalize_dtype, normalize_op, parse_ranks
+from ncclscope.load.foreign.vocab import (NCCL_KERNEL_TYPES, P2P_OPS, REDUCING_OPS, GroupNamer, dtype_itemsize,
+                                          events_table, normalize_dtype, normalize_op, parse_ranks)
 
 # --------------------------------------------------------------------------
 # One rank
 # --------------------------------------------------------------------------
-_KERNEL_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+?)(?:_|\(|$)(.*)")
+_KERNEL_RE = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z]+)")
 _KERNEL_OPS = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
                "Broadcast": "broadcast", "Reduce": "reduce", "SendRecv": "sendrecv", "Send": "send",
                "Recv": "recv", "AllToAll": "all_to_all", "Generic": "nccl_generic"}
 _REDOPS = {"sum": "sum", "prod": "product", "max": "max", "min": "min", "avg": "avg", "premulsum": "premul_sum",
            "sumpostdiv": "sum"}
+# a type token is a whole "_"-separated part of the name (int8_t and __nv_bfloat16 hold "_" themselves)
+_KERNEL_TYPE_RE = re.compile("_(" + "|".join(sorted(map(re.escape, NCCL_KERNEL_TYPES), key=len, reverse=True))
+                             + ")(?=_|$)")
 
 
 @functools.lru_cache(maxsize=4096)
 def kernel_info(name: str) -> tuple[str, str, str]:
     """(op, reduce_op, dtype) from an NCCL kernel name, e.g.
-    ncclDevKernel_AllReduce_Sum_f32_RING_LL -> all_reduce, sum, float32."""
-    m = _KERNEL_RE.match(name)
+    ncclDevKernel_AllReduce_Sum_f32_RING_LL -> all_reduce, sum, float32 and
+    ncclKernel_AllReduce_RING_LL_Sum_int8_t(ncclDevComm*, unsigned long, ncclWork*) -> all_reduce, sum, int8.
+    Only the name before its parameter list is read, and the reduce op and dtype only of reducing kernels:
+    NCCL compiles the copying ones (all_gather, broadcast, sendrecv) once, for bytes."""
+    head = name.split("(", 1)[0]
+    m = _KERNEL_RE.match(head)
     if not m:
         return "nccl_kernel", "", ""
     op = _KERNEL_OPS.get(m.group(1), normalize_op(m.group(1)))
-    redop, dtype = "", ""
-    for tok in re.split(r"[_(<,]", m.group(2)):
-        low = tok.lower()
-        if not redop and low in _REDOPS:
-            redop = _REDOPS[low]
-        elif not dtype and normalize_dtype(low) != low:
-            dtype = normalize_dtype(low)
-    return op, redop, dtype
+    if op not in REDUCING_OPS:
+        return op, "", ""
+    redop = next((_REDOPS[t.lower()] for t in head[m.end():].split("_") if t.lower() in _REDOPS), "")
+    typed = _KERNEL_TYPE_RE.search(head, m.end())
+    return op, redop, NCCL_KERNEL_TYPES[typed.group(1)] if typed else ""
 
 
 def to_number(v: Any, default: float = -1.0) -> float:
@@ -75,14 +81,16 @@ def _dims_bytes(dims: Any, types: Any) -> tuple[str, str, int]:
     return json.dumps(shapes), ",".join(dict.fromkeys(tys)), total
 
 
-def rank_rows(header: dict[str, Any], events: Iterator[dict[str, Any]], base_ns: int) -> dict[str, Any]:
-    """Pull the rows of one rank's trace out of its interesting events."""
+def rank_rows(header: dict[str, Any], events: Iterator[dict[str, Any]], base_ns: int,
+              launches: Launches | None = None) -> dict[str, Any]:
+    """Pull the rows of one rank's trace out of its interesting events; NCCL kernels are read through
+    the CPU ops that launched them (prof_links.py). `window` is the (first, last) ns of those events."""
     comm: list[dict[str, Any]] = []
     steps: list[tuple[int, int, int, bool]] = []          # (start_ns, end_ns, step, on_gpu)
     mbs: list[tuple[int, int, str, int, int, bool]] = []  # (start, end, op, microbatch, stage, on_gpu)
     p2p_calls: list[tuple[Any, int, str, int, int]] = []  # (tid, ts_ns, direction, peer, tag)
-    param_comms: list[dict[str, Any]] = []
-    kernels = 0
+    launchers: list[CpuOp] = []                           # c10d calls, record_param_comms, nccl:* annotations
+    lo, hi = _NS_LIMIT, -_NS_LIMIT
     pid: Any = None
 
     def ns(ts: Any) -> int:
@@ -93,20 +101,14 @@ def rank_rows(header: dict[str, Any], events: Iterator[dict[str, Any]], base_ns:
         args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
         t0 = ns(ev.get("ts"))
         t1 = _clamp(t0 + int(round(max(to_number(ev.get("dur"), 0.0), 0.0) * 1000.0)))
+        lo, hi = min(lo, t0), max(hi, t1)
         if cat == "kernel":
-            kernels += 1
-            comm.append({"src": "kernel", "name": name, "args": args, "start": t0, "end": t1,
-                         "tid": ev.get("tid")})
+            comm.append({"src": "kernel", "name": name, "args": args, "start": t0, "end": t1, "tid": ev.get("tid")})
             continue
         if cat == "cpu_op":
-            if name == "record_param_comms":
-                param_comms.append({"src": "param", "name": name, "args": args, "start": t0, "end": t1,
-                                    "tid": ev.get("tid")})
-            else:
-                conc = args.get("Concrete Inputs") if isinstance(args.get("Concrete Inputs"), list) else []
-                peer = int(to_number(conc[2], -1)) if len(conc) > 2 else -1
-                tag = int(to_number(conc[3], 0)) if len(conc) > 3 else 0
-                p2p_calls.append((ev.get("tid"), t0, C10D_P2P[name], peer, tag))
+            launchers.append(cpu_op(ev, args, t0, t1))
+            if name in C10D_P2P:
+                p2p_calls.append((ev.get("tid"), t0, C10D_P2P[name], *_peer_and_tag(args)))
                 pid = pid if pid is not None else ev.get("pid")
             continue
         gpu = cat == "gpu_user_annotation"
@@ -119,15 +121,35 @@ def rank_rows(header: dict[str, Any], events: Iterator[dict[str, Any]], base_ns:
         if name.startswith(("gloo:", "nccl:")):
             if name.startswith("gloo:") and not gpu:
                 comm.append({"src": "gloo", "name": name, "args": args, "start": t0, "end": t1, "tid": ev.get("tid")})
+            elif not gpu:
+                launchers.append(cpu_op(ev, args, t0, t1))
             continue
         mb = microbatch_of(name)
         if mb is not None:
             mbs.append((t0, t1, mb[0], mb[1], mb[2], gpu))
-    if kernels == 0 and param_comms:
-        comm.extend(param_comms)
-    elif kernels:
-        comm = [c for c in comm if c["src"] == "kernel"]
-    return {"comm": comm, "steps": steps, "mbs": mbs, "p2p_calls": p2p_calls, "pid": pid}
+    return {"comm": _comm_rows(comm, launchers, launches, ns), "steps": steps, "mbs": mbs, "p2p_calls": p2p_calls,
+            "pid": pid, "window": (lo, hi) if lo <= hi else None}
+
+
+def _comm_rows(comm: list[dict[str, Any]], launchers: list[CpuOp], launches: Launches | None,
+               ns: Callable[[Any], int]) -> list[dict[str, Any]]:
+    """A rank's communication ops from one source: its NCCL kernels (read through their launchers) where it
+    has any, else its gloo annotations, else (a GPU trace of CPU activity only) its record_param_comms ops."""
+    kernels = [c for c in comm if c["src"] == "kernel"]
+    if kernels:
+        return link_kernels(kernels, launchers, launches, ns)
+    if comm:
+        return comm
+    return [{"src": "param", "name": o.name, "args": o.args, "start": o.start, "end": o.end, "tid": o.tid}
+            for o in launchers if o.name == PARAM_COMMS]
+
+
+def _peer_and_tag(args: dict[str, Any]) -> tuple[int, int]:
+    """(peer, tag) of a c10d::send / recv_ call from its "Concrete Inputs" (record_shapes)."""
+    conc = args.get("Concrete Inputs") if isinstance(args.get("Concrete Inputs"), list) else []
+    peer = int(to_number(conc[2], -1)) if len(conc) > 2 else -1
+    tag = int(to_number(conc[3], 0)) if len(conc) > 3 else 0
+    return peer, tag
 
 
 def _containing(starts: np.ndarray, spans: list[tuple[int, int, Any]]) -> np.ndarray:

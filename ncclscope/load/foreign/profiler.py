@@ -34,7 +34,9 @@ from typing import Any
 
 from ncclscope.load import safe_io
 from ncclscope.load.trace import RankInfo, RunInfo, Tables, Trace, TraceError, assemble
-from ncclscope.load.foreign.prof_read import SNIFF_BYTES, UNKNOWN_GROUP, header_and_events, read_trace_bytes, rank_from_name, sniff, trace_files
+from ncclscope.load.foreign.prof_clock import time_base_warning
+from ncclscope.load.foreign.prof_read import (CUT_OFF, SNIFF_BYTES, UNKNOWN_GROUP, header_and_events, read_trace_bytes,
+                                              rank_from_name, sniff, trace_files)
 from ncclscope.load.foreign.prof_rows import comm_table, metrics_table, rank_rows, to_number
 from ncclscope.load.foreign.vocab import GroupNamer, group_kind, parse_ranks
 
@@ -65,14 +67,18 @@ def load_profiler(path: str | Path) -> Trace:
     if not parsed:
         first = f" ({warnings[0]})" if warnings else ""
         raise TraceError(f"{root}: no readable profiler trace{first}")
+    _require_rows(root, parsed, len(files))
     world = _world(parsed, len(files), cap, warnings)
+    clocks = time_base_warning(_windows(parsed))
+    if clocks:
+        warnings.append(clocks)
     group_views = {r: _views(header, cap) for r, (_, header, _, _) in parsed.items()}
     tables, metric_tables, group_rows, ranks = _rank_tables(parsed, group_views, world, warnings)
     _pipeline_from_annotations(parsed, ranks, group_rows, warnings)
+    # Ranks without a trace are untraced, not missing: a job profiles a sample of its ranks (a trace per rank
+    # is GBs), so no warning per rank; the faces say "N of M ranks traced" and the index calls them untraced.
     for r in range(world):
-        if r not in ranks:
-            ranks[r] = RankInfo(rank=r, present=False)
-            warnings.append(f"rank {r}: no profiler trace; analyzing the other ranks")
+        ranks.setdefault(r, RankInfo(rank=r, present=False))
     run = {"source": "torch_profiler", "world_size": world, "files": {str(r): str(v[0]) for r, v in parsed.items()},
            "backend": ",".join(sorted({b for views in group_views.values() for *_, b in views if b}))}
     return assemble(root, RunInfo.from_dict(run), world, ranks, Tables(events=tables, metrics=metric_tables, group_rows=group_rows,
@@ -90,17 +96,16 @@ def _read_ranks(files: list[Path], cap: int, warnings: list[str]) -> _Parsed:
     pending: list[tuple[Path, dict[str, Any], dict[str, Any], int]] = []
     for f in files:
         try:
-            text = read_trace_bytes(f)
-            header, events = header_and_events(text, f)
-            base_ns = safe_io.to_int(header.get("baseTimeNanoseconds"), 0, -(2**62), 2**62)
-            rows = rank_rows(header, events, base_ns)
+            header, rows, base_ns = _read_one(f)
         except TraceError as exc:
             warnings.append(f"{exc}; skipped")
             continue
         except Exception as exc:   # noqa: BLE001 - a hostile file costs itself, not the analysis
             warnings.append(f"{f}: unusable ({type(exc).__name__}: {safe_io.short(exc)}); skipped")
             continue
-        del text
+        if header.get(CUT_OFF):
+            warnings.append(f"{f}: cut off inside traceEvents (the profiler stopped while writing it?); "
+                            "the events before the cut are read")
         info = _dist_info(header)
         rank = safe_io.to_int(info.get("rank"), -1, 0, cap - 1) if info else -1
         if rank < 0:
@@ -117,6 +122,48 @@ def _read_ranks(files: list[Path], cap: int, warnings: list[str]) -> _Parsed:
         warnings.append(f"{f}: no distributedInfo and no rank in the file name; read as rank {rank}")
         parsed[rank] = (f, header, rows, base_ns)
     return parsed
+
+
+def _read_one(f: Path) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """(top-level fields, interesting rows, base ns) of one file. The file's text is held only here: the
+    event and launch readers look into it, and are done when rank_rows returns."""
+    text = read_trace_bytes(f)
+    header, events, launches = header_and_events(text, f)
+    base_ns = safe_io.to_int(header.get("baseTimeNanoseconds"), 0, -(2**62), 2**62)
+    return header, rank_rows(header, events, base_ns, launches), base_ns
+
+
+def _has_rows(rows: dict[str, Any]) -> bool:
+    """Whether a rank's trace gave anything to analyze: a communication op or a microbatch annotation."""
+    return bool(rows["comm"] or rows["mbs"])
+
+
+def _require_rows(root: Path, parsed: _Parsed, n_files: int) -> None:
+    """TraceError, worded by the real reason, when no trace gave a single row: a single-GPU or single-process
+    trace has no communication ops, and that (not whichever warning came first) is what the one line says."""
+    if any(_has_rows(rows) for _, _, rows, _ in parsed.values()):
+        return
+    files = [f for f, _, _, _ in parsed.values()]
+    others = f" (and {len(files) - 1} more traces without any)" if len(files) > 1 else ""
+    if n_files > len(files):
+        others += f"; {n_files - len(files)} more unreadable"
+    cut = [f for f, header, _, _ in parsed.values() if header.get(CUT_OFF)]
+    if cut:
+        raise TraceError(f"{root}: nothing readable: {cut[0]} is cut off inside traceEvents before its first "
+                         f"communication op{others}")
+    where = ("this profiler trace" if root.is_file() else
+             f"the profiler trace {files[0].name}" if len(files) == 1 else f"any of its {len(files)} profiler traces")
+    raise TraceError(f"{root}: no communication ops in {where} (no NCCL kernels, gloo:* annotations, "
+                     "record_param_comms or pipeline microbatch annotations): a single-process trace has nothing "
+                     "for ncclscope to analyze")
+
+
+def _windows(parsed: _Parsed) -> dict[int, tuple[int, int]]:
+    """Each rank's (first, last) event time, for the were-they-taken-together check: only the ranks with a
+    baseTimeNanoseconds when some have one (a trace without it, e.g. an old one cut before its tail, is on
+    another scale, which `_world`'s warning already says)."""
+    based = any(base for _, _, _, base in parsed.values())
+    return {r: rows["window"] for r, (_, _, rows, base) in parsed.items() if rows["window"] and (base or not based)}
 
 
 def _world(parsed: _Parsed, n_files: int, cap: int, warnings: list[str]) -> int:

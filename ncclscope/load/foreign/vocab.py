@@ -19,7 +19,7 @@ from ncclscope import schema as S
 from ncclscope.load.safe_io import MAX_RANK, to_int
 
 __all__ = ["normalize_dtype", "dtype_itemsize", "normalize_op", "group_kind", "GroupNamer", "events_table", "coded",
-           "parse_ranks", "P2P_OPS"]
+           "parse_ranks", "P2P_OPS", "NCCL_KERNEL_TYPES", "REDUCING_OPS"]
 
 
 # --------------------------------------------------------------------------
@@ -45,6 +45,17 @@ _DTYPES = {
     "complexdouble": "complex128", "c10::complex<double>": "complex128", "complex128": "complex128",
     "float8_e4m3fn": "float8_e4m3fn", "f8e4m3": "float8_e4m3fn", "c10::float8_e4m3fn": "float8_e4m3fn",
     "float8_e5m2": "float8_e5m2", "f8e5m2": "float8_e5m2", "c10::float8_e5m2": "float8_e5m2",
+}
+# The type token of an NCCL kernel's name, and only that (a demangled name's parameter list,
+# "(ncclDevComm*, unsigned long, ncclWork*)", is no dtype). NCCL <= 2.18 names kernels
+# ncclKernel_<coll>_<algo>_<proto>_<redop>_<C type>, NCCL >= 2.19 ncclDevKernel_<coll>_<redop>_<abbrev>_<algo>_<proto>.
+NCCL_KERNEL_TYPES = {
+    "int8_t": "int8", "uint8_t": "uint8", "int32_t": "int32", "uint32_t": "uint32", "int64_t": "int64",
+    "uint64_t": "uint64", "half": "float16", "float": "float32", "double": "float64", "__nv_bfloat16": "bfloat16",
+    "__nv_fp8_e4m3": "float8_e4m3fn", "__nv_fp8_e5m2": "float8_e5m2",
+    "i8": "int8", "u8": "uint8", "i32": "int32", "u32": "uint32", "i64": "int64", "u64": "uint64",
+    "f16": "float16", "f32": "float32", "f64": "float64", "bf16": "bfloat16", "f8e4m3": "float8_e4m3fn",
+    "f8e5m2": "float8_e5m2",
 }
 _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "int16": 2,
              "int8": 1, "uint8": 1, "uint32": 4, "uint64": 8, "bool": 1, "complex64": 8, "complex128": 16,
@@ -92,6 +103,9 @@ _OPS = {
     "sendrecv": "sendrecv", "coalesced": "coalesced",
 }
 P2P_OPS = frozenset({"send", "recv", "isend", "irecv", "sendrecv"})
+# Ops whose NCCL kernel is compiled per dtype: the others (all_gather, broadcast, sendrecv) move bytes, and the
+# int8_t in their old kernel names is no tensor's dtype.
+REDUCING_OPS = frozenset({"all_reduce", "reduce_scatter", "reduce"})
 
 
 def normalize_op(name: Any) -> str:
