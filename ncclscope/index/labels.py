@@ -19,25 +19,10 @@ import pyarrow as pa
 if TYPE_CHECKING:
     from ncclscope.load.trace import Trace
 
+from ncclscope.ranklists import fmt_ranks  # noqa: F401 (re-exported: every hang module words ranks with it)
+
 NS = 1_000_000_000
 COORD_ORDER = ("pp", "dp", "cp", "tp", "ep")
-
-
-def fmt_ranks(ranks: Iterable[int], limit: int = 12) -> str:
-    """0,1,2,3,5 -> "0-3,5"; long lists are cut with a count."""
-    rs = sorted({int(r) for r in ranks})
-    parts: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        parts.append(f"{rs[i]}-{rs[j]}" if j - i >= 2 else ",".join(str(r) for r in rs[i:j + 1]))
-        i = j + 1
-    text = ",".join(parts)
-    if len(parts) > limit:
-        text = ",".join(parts[:limit]) + f",... ({len(rs)} ranks)"
-    return text
 
 
 def group_label(name: str, members: Iterable[int] | None) -> str:

@@ -19,6 +19,8 @@ one line, and the analysis goes on (per-rank questions still hold).
 """
 from __future__ import annotations
 
+from ncclscope.ranklists import fmt_ranks
+
 NS = 1_000_000_000
 FAR_FACTOR = 10              # groups further apart than 10x the longest trace...
 FAR_FLOOR_NS = 60 * NS       # ...and than a minute were not taken together
@@ -60,17 +62,7 @@ def _groups(windows: dict[int, Window], far: int) -> list[list[int]]:
 
 def _ranks(ranks: list[int]) -> str:
     """"ranks 0-3,7" (ranges of three or more as a-b), "rank 5"."""
-    rs = sorted(ranks)
-    parts: list[str] = []
-    i = 0
-    while i < len(rs):
-        j = i
-        while j + 1 < len(rs) and rs[j + 1] == rs[j] + 1:
-            j += 1
-        parts.append(f"{rs[i]}-{rs[j]}" if j - i >= 2 else ",".join(map(str, rs[i:j + 1])))
-        i = j + 1
-    shown = ",".join(parts[:8]) + (f",... ({len(rs)} ranks)" if len(parts) > 8 else "")
-    return f"rank{'s' if len(rs) > 1 else ''} {shown}"
+    return f"rank{'s' if len(set(ranks)) > 1 else ''} {fmt_ranks(ranks, limit=8)}"
 
 
 def _span(ns: int) -> str:
