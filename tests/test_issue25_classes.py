@@ -428,3 +428,24 @@ def test_a_timed_out_irecv_posted_with_a_completed_isend_is_a_wait_not_a_death()
     b.rank_state(2, signal="SIGTERM", stopped_by_launcher=True)
     d = diagnose(b.build())
     assert _headline(d).ranks == [2] and _headline(d).kind != "dead_rank", d.verdict
+
+
+def test_class7_a_tie_on_one_group_goes_to_the_rank_the_other_groups_already_name() -> None:
+    """seed 20261206 #115 (rank 1 built the mesh in another order): on the groups three ranks hold the vote
+    names rank 1; on one group only ranks 0 and 1 hold, the tie named rank 0 (`ambiguous ... naming the
+    lowest rank`) and headed the verdict. The tie goes to the rank the vote already names."""
+    b = TraceBuilder(4)                       # each rank holds a view of the groups it is in, as torch's do
+    for r in (0, 2):
+        b.group_view(r, "g1", [0, 1, 2], creation_order=0)
+    b.group_view(1, "g1", [0, 1, 3], creation_order=0)
+    for r in (2, 3):
+        b.group_view(r, "g2", [1, 2, 3], creation_order=1)
+    b.group_view(1, "g2", [0, 2, 3], creation_order=1)
+    b.group_view(0, "g3", [0, 1], creation_order=2)
+    b.group_view(1, "g3", [1, 2], creation_order=2)
+    for r in range(4):
+        b.rank_state(r, exitcode=0)
+    d = diagnose(b.build())
+    views = [f for f in d.findings if f.kind == "group_mismatch"]
+    assert [f.ranks for f in views] == [[1]], [f.title for f in views]
+    assert "ambiguous" not in d.verdict and "3 groups" in d.verdict, d.verdict

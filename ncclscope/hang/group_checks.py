@@ -108,7 +108,7 @@ def check_group_views(source: IndexLike, max_findings: int = 16) -> tuple[list[F
     findings: list[Finding] = []
     frames = []
     for attr in ("members", "creation_order"):
-        dev = majority_vote(views, ["process_group"], attr)
+        dev = _ties_to_known_deviants(majority_vote(views, ["process_group"], attr), views, attr)
         if not len(dev):
             continue
         frames.append(dev.assign(attribute=attr))
@@ -121,6 +121,31 @@ def check_group_views(source: IndexLike, max_findings: int = 16) -> tuple[list[F
             findings.append(_view_finding(trace, attr, sorted(int(r) for r in ranks), list(names), sub, views))
     table = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     return findings, table
+
+
+def _ties_to_known_deviants(dev: pd.DataFrame, views: pd.DataFrame, attr: str) -> pd.DataFrame:
+    """A tied group (two voters, two views) whose voters include exactly one rank the vote already named
+    on other groups: that rank's view is the odd one here too (a rank that built the mesh in another
+    order pairs its groups with the wrong members, and every group it shares with one peer ties)."""
+    if not len(dev) or not bool(dev["tie"].any()):
+        return dev
+    firm = set(dev.loc[~dev["tie"].astype(bool), "rank"].astype(int))
+    keep, add = [], []
+    for g, rows in dev.groupby("process_group", sort=False):
+        if not bool(rows["tie"].any()):
+            keep.append(rows)
+            continue
+        voters = views[views["process_group"] == g]
+        known = sorted(set(voters["rank"].astype(int)) & firm)
+        if len(known) != 1 or voters[attr].nunique() != 2:
+            keep.append(rows)
+            continue
+        mine = voters[voters["rank"] == known[0]]
+        other = voters.loc[voters[attr] != mine[attr].iloc[0], attr].iloc[0]
+        add.append(mine.assign(majority=other, n_majority=int((voters[attr] == other).sum()),
+                               n_voters=len(voters), tie=False))
+    out = pd.concat(keep + add, ignore_index=True) if keep or add else dev.iloc[0:0]
+    return out[list(dev.columns)]
 
 
 def _view_finding(trace: Trace, attr: str, odd: list[int], names: list[str], sub: pd.DataFrame,
