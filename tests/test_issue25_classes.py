@@ -449,3 +449,31 @@ def test_class7_a_tie_on_one_group_goes_to_the_rank_the_other_groups_already_nam
     views = [f for f in d.findings if f.kind == "group_mismatch"]
     assert [f.ranks for f in views] == [[1]], [f.title for f in views]
     assert "ambiguous" not in d.verdict and "3 groups" in d.verdict, d.verdict
+
+
+def test_a_rank_ahead_inside_an_unfinished_step_issued_nothing_extra() -> None:
+    """seed 20261206 #63: every op in step 0 (a loop with no optimizer step), rank 0 sends to the wrong peer
+    in iteration 2; rank 2 got its message and went on to the iteration's all_gather, one more than the
+    others had reached. The step census called that all_gather an extra one; nobody finished the step, so
+    counts there are not final: the root is the rank whose loop broke."""
+    site_p2p, site_ag = "ring.py:29 < ring.py:45", "ring.py:34 < ring.py:45"
+    b = TraceBuilder(3, groups={"world": [0, 1, 2]})
+    for it in range(2):
+        t = it * 0.1
+        for r in range(3):
+            wrong = it == 1 and r == 0
+            dst = 2 if wrong else (r + 1) % 3
+            b.p2p(r, "isend", peer=dst, seq=it + 1, start=t, end=None if wrong else t + 0.002,
+                  status="inflight" if wrong else "ok", call_site=site_p2p)
+            waits = it == 1 and r in (0, 1)
+            b.p2p(r, "irecv", peer=(r - 1) % 3, seq=it + 1, start=t + 0.001, end=None if waits else t + 0.003,
+                  status="inflight" if waits else "ok", call_site=site_p2p)
+            if it == 0 or r == 2:
+                b.collective(r, "world", it + 1, op="all_gather_into_tensor", start=t + 0.01,
+                             end=None if it == 1 else t + 0.02, status="inflight" if it == 1 else "ok",
+                             call_site=site_ag, step=0)
+    for r in range(3):
+        b.rank_state(r, exitcode=1)
+    d = diagnose(b.build())
+    assert "extra" not in d.verdict, d.verdict
+    assert d.headline.ranks == [0], d.verdict

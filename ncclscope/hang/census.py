@@ -81,6 +81,13 @@ def step_census_deviations(coll: pd.DataFrame, members: dict[str, list[int]],
     out = pd.concat(frames, ignore_index=True)
     out["direction"] = np.where(out["count"] < out["expected"], "skipped", "extra")
     out = out[out["finished"].astype(bool) | (out["direction"] == "extra")]
+    # an extra call is one more than the others issued in the whole step: only where the members holding the
+    # expected count finished it (inside the step, a member ahead of the others is not an extra one)
+    held = f.merge(out[_CELL + ["expected"]].drop_duplicates(), on=_CELL)
+    held = held[held["count"] == held["expected"]]
+    open_cells = held.loc[~held["finished"].astype(bool), _CELL].drop_duplicates().assign(open=True)
+    out = out.merge(open_cells, on=_CELL, how="left")
+    out = out[~((out["direction"] == "extra") & out["open"].fillna(False).astype(bool))].drop(columns="open")
     if not len(out):
         return empty
     return _with_references(out, f, members)

@@ -198,6 +198,11 @@ class _Traced:
         marks = sorted((t, s) for ph, name, t, s in zip(cols["phase"], cols["op_name"], cols["time_ns"], cols["step"])
                        if ph == S.PHASE_INSTANT and name == "step" and t is not None and s is not None)
         self.has_marks = bool(marks)
+        # with no markers the tracer's own rows still carry a step (0 where no optimizer hook ran): FR rows
+        # take the same, so a rank's FR-only row never reads as past its training loop (census.passed_steps)
+        own = [int(s) for ph, k, s in zip(cols["phase"], cols["kind"], cols["step"])
+               if ph == S.PHASE_BEGIN and k in (S.KIND_COLLECTIVE, S.KIND_P2P) and s is not None]
+        self.default_step = max(own) if own and min(own) >= 0 and max(own) == min(own) else -1
         self.mark_t = np.array([m[0] for m in marks], dtype=np.int64)
         self.mark_s = [int(m[1]) for m in marks]
         self.seen: set[tuple[str, int]] = set()
@@ -209,9 +214,10 @@ class _Traced:
                 self.times.setdefault(g, []).append((int(seq), int(t)))
 
     def step_at(self, created: int) -> int:
-        """The step of the last marker at or before `created` (0 before the first; -1 with no markers)."""
+        """The step of the last marker at or before `created` (0 before the first; with no markers, the one
+        step the tracer's rows all carry, else -1)."""
         k = int(np.searchsorted(self.mark_t, created, side="right"))
-        return self.mark_s[k - 1] if k > 0 else (0 if self.has_marks else -1)
+        return self.mark_s[k - 1] if k > 0 else (0 if self.has_marks else self.default_step)
 
     def fr_only(self, dump: dict[str, Any], names: dict[str, str]) -> list[dict[str, Any]]:
         """The dump's collectives the tracer did not see, one dict each (p2p skipped: the module says why);
