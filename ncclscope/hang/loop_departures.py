@@ -152,30 +152,35 @@ def _early_leavers(seqs: dict[int, pd.DataFrame], blocked: dict[int, set[int]], 
         for o in range(0, shortest - p):
             got = _split(toks, at, o, p)
             if got is not None:
-                best.setdefault(got[1], set()).add((got[0], p))
+                best.setdefault(got[1], set()).add((got[0], p, o))
     if not best:
         return []
     top = best[max(best)]
-    if len({left for left, _ in top}) != 1:
+    if len({left for left, _, _ in top}) != 1:
         return []
-    left, p = min(top, key=lambda lp: lp[1])
+    left, p, o = min(top, key=lambda lp: lp[1])
     # Ranks of one program may loop with periods of their own (a branch on the rank adds calls): a member
     # whose blocked call, with the call before it, is a pair its own sequence already made is where its
     # own loop put it, whatever shape the others fit
-    left = frozenset(r for r in left if not _made_before(toks[r], int(at[r][0])))
+    left = frozenset(r for r in left if not _made_before(toks[r], _first_bad(toks[r], o, p)))
     if not left or len(left) >= len(members):
         return []
     out = []
     for r in sorted(left):
-        seq, i = seqs[r], int(at[r][0])
+        seq, i = seqs[r], _first_bad(toks[r], o, p)
         j = i - p
         out.append(LoopBreak(rank=r, op_id=int(seq["op_id"].iloc[i]), op=str(seq["op_name"].iloc[i]),
                              peer=int(seq["peer"].iloc[i]), group=str(seq["process_group"].iloc[i]),
                              site=str(seq["call_site"].iloc[i]), expected_op=str(seq["op_name"].iloc[j]),
                              expected_peer=int(seq["peer"].iloc[j]),
                              expected_group=str(seq["process_group"].iloc[j]),
-                             expected_site=str(seq["call_site"].iloc[j]), iteration=1))
+                             expected_site=str(seq["call_site"].iloc[j]), iteration=(i - o) // p))
     return out
+
+
+def _first_bad(t: list[str], o: int, p: int) -> int:
+    """The first call of `t` past iteration 0 of loop shape (o, p) that differs from the call p before it."""
+    return next(k for k in range(o + p, len(t)) if t[k] != t[k - p])
 
 
 def _made_before(t: list[str], i: int) -> bool:
@@ -196,7 +201,8 @@ def _split(toks: dict[int, list[str]], at: dict[int, np.ndarray], o: int, p: int
         if first_bad is None:
             kept += 1
             repeated += n - o - p
-        elif first_bad == int(at[r][0]):
+        elif first_bad in set(at[r].tolist()):      # at one of its blocked ops (an earlier one may be a stale
+                                                     # async row: a Flight Recorder entry never marked done)
             left.add(r)
             repeated += first_bad - o - p
         else:
