@@ -477,3 +477,16 @@ def test_a_rank_ahead_inside_an_unfinished_step_issued_nothing_extra() -> None:
     d = diagnose(b.build())
     assert "extra" not in d.verdict, d.verdict
     assert d.headline.ranks == [0], d.verdict
+
+
+def test_an_exit_past_the_loops_collective_after_the_optimizer_step_is_a_death_not_a_skip() -> None:
+    """seed 20261206 #171 (its run directory, kept as written: tests/data/randprog/): a user script (no
+    compute spans; its steps come from the optimizer.step() hook) calls os._exit at the end of iteration 3,
+    after the optimizer step began step 4. Its stack is past the loop's all_reduce line and it issued
+    nothing in step 4, which read as `skipped all_reduce`: it died there."""
+    from pathlib import Path
+
+    from ncclscope.load.trace import load
+    d = diagnose(load(Path(__file__).parent / "data" / "randprog" / "rp20261206_171_exit"))
+    assert (d.headline.kind, d.headline.ranks) == ("dead_rank", [0]), d.verdict
+    assert "os._exit(1)" in d.verdict

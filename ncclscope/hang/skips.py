@@ -20,6 +20,7 @@ import pandas as pd
 
 from ncclscope.hang.census import CENSUS_COLUMNS, step_census_deviations
 from ncclscope.index.repetition import virtual_steps
+from ncclscope.index.rank_states import PEER_ERROR
 from ncclscope import sites
 
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
@@ -154,7 +155,7 @@ def _past_rule(trace, coll: pd.DataFrame, r: int, site: str, step: int):
     issued Y earlier in the step and is past it again is excluded by the no-Y-in-this-step test."""
     text = (getattr(trace, "stacks", None) or {}).get(r, "")
     path, line = sites.path_line(sites.inner(site))
-    if not text.strip() or line < 0:
+    if not text.strip() or line < 0 or (_died_of_itself(trace, r) and not _has_compute(trace, r)):
         return None
     info = next((i.call_sites[site] for q, i in sorted(trace.ranks.items(), key=lambda kv: kv[0] != r)
                  if site in i.call_sites), None)
@@ -179,6 +180,23 @@ def _past_rule(trace, coll: pd.DataFrame, r: int, site: str, step: int):
                                      f"line {line} collective it issued there in earlier steps")
         return None                                      # in Y's function, not past Y
     return None
+
+
+def _has_compute(trace, r: int) -> bool:
+    """Whether r's trace has compute spans: the runtime's steps are explicit there. A user script's steps
+    come from its optimizer.step() hook, wherever in the loop body that call sits."""
+    ops = trace.ops
+    return bool(((ops["rank"] == r) & (ops["kind"] == "compute")).any())
+
+
+def _died_of_itself(trace, r: int) -> bool:
+    """r ended of its own error (an exception of its own, os._exit), not a peer's (a timeout, a closed
+    socket): its last stack is where it died. In a user script that may lie past Y's line in the
+    iteration before the one its peers wait in (an exit after the optimizer step that began a new step),
+    so the stack proves no skip there."""
+    info = trace.ranks.get(r)
+    msg = str(getattr(info, "end_message", "") or "").strip()
+    return bool(msg) and re.search(PEER_ERROR, msg) is None
 
 
 SPAN_MARGIN = 1.2     # the failing span ran this much longer than the rank needed to reach Y before
