@@ -155,6 +155,13 @@ def test_class10_a_live_rank_with_no_directory_yet_has_not_started() -> None:
     trace = job(120.0)
     live, _ = hold_premature_hang(compose(trace), trace)
     assert live.verdict.startswith("DEAD RANK"), live.verdict
+    # the live follower has not even listed the ranks that wrote nothing yet (follow_watch, tp2dp2 poll 1)
+    trace = job(0.5)
+    for r in (1, 2, 3):
+        trace.ranks.pop(r, None)
+    post_mortem = compose(trace)
+    live, note = hold_premature_hang(post_mortem, trace)
+    assert not live.verdict.startswith("DEAD RANK"), (post_mortem.verdict, live.verdict)
 
 
 

@@ -349,7 +349,7 @@ def hold_premature_hang(analysis: Any, trace: Trace) -> tuple[Any, str]:
         return _without(analysis, hang), "live: no op in flight yet" if not len(ops) else "live: between ops"
     if not ranks:
         return analysis, ""
-    absent = {r for r in ranks if r in trace.ranks and not trace.ranks[r].present}
+    absent = {r for r in ranks if r not in trace.ranks or not trace.ranks[r].present}   # no rank.json yet
     if absent and all(f.kind == FindingKind.DEAD_RANK and set(f.ranks) <= absent for f in hang):
         # a live job's rank with no directory yet has not started (a loaded machine starts ranks seconds
         # apart), which is no death: judged by its peers' waits on it, as any wait
