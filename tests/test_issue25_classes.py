@@ -155,13 +155,18 @@ def test_class10_a_live_rank_with_no_directory_yet_has_not_started() -> None:
     trace = job(120.0)
     live, _ = hold_premature_hang(compose(trace), trace)
     assert live.verdict.startswith("DEAD RANK"), live.verdict
-    # the live follower has not even listed the ranks that wrote nothing yet (follow_watch, tp2dp2 poll 1)
-    trace = job(0.5)
-    for r in (1, 2, 3):
+    # follow_watch tp2dp2 poll 1: ranks 0,1 started (nothing in flight yet), ranks 2,3 not even listed
+    b = TraceBuilder(4, groups={"world": [0, 1, 2, 3]})
+    for r in (0, 1):
+        b.marker(r, "setup", 0.1)
+        b.heartbeats(r, 0.0, 0.5)
+    trace = b.build()
+    for r in (2, 3):
         trace.ranks.pop(r, None)
     post_mortem = compose(trace)
+    assert post_mortem.verdict.startswith("DEAD RANK"), post_mortem.verdict
     live, note = hold_premature_hang(post_mortem, trace)
-    assert not live.verdict.startswith("DEAD RANK"), (post_mortem.verdict, live.verdict)
+    assert not live.verdict.startswith("DEAD RANK"), live.verdict
 
 
 

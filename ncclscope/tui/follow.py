@@ -338,6 +338,13 @@ def hold_premature_hang(analysis: Any, trace: Trace) -> tuple[Any, str]:
     then comes from the composer's `compose_verdict` over the other findings; `note` says what
     is being watched. A timeout, an error or a dead process is a fact: never held."""
     diag = getattr(analysis, "diagnosis", None)
+    unstarted = [f for f in analysis.findings if f.kind == FindingKind.DEAD_RANK
+                 and all(r not in trace.ranks or not trace.ranks[r].present for r in f.ranks)]
+    if unstarted and (diag is None or getattr(diag, "ok", True)) and not trace.ops["status"].astype(str).isin(
+            [S.STATUS_TIMEOUT, S.STATUS_ERROR]).any():
+        # nobody waits on a rank that has written nothing yet: live, it has not started (a loaded machine
+        # starts ranks seconds apart); a wait on it is judged below, as any wait
+        return _without(analysis, unstarted), "live: waiting for ranks to start"
     if diag is None or getattr(diag, "ok", True):
         return analysis, ""
     hang = [f for f in analysis.findings if any(f is g for g in diag.findings)]
