@@ -412,8 +412,8 @@ def _tie_by_own_loop(xs: pd.DataFrame, agg: pd.DataFrame, novel: bool) -> pd.Dat
         ref = kept["value"].iloc[0]
         if len(changed) and (changed["ref"] != ref).any():
             continue
-        rows = [changed.assign(n_hist=changed["n_hist"])[["process_group", "seq", "rank", "n", "nu", "ref", "value",
-                                                           "n_hist", "groups"]]] if len(changed) else []
+        rows = [changed[["process_group", "seq", "rank", "n", "nu", "ref", "value", "n_hist", "groups"]]] \
+            if len(changed) else []
         if len(fresh):
             rows.append(fresh.assign(n=0, nu=1, ref=ref, n_hist=-1, groups=[[]] * len(fresh)))
         out += rows

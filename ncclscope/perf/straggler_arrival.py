@@ -73,8 +73,8 @@ def arrival_lateness(coll: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     runner_up = late[np.maximum(first[seg] + n - 2, 0)]
     caused = np.where((j == n - 1) & (n >= 2), late - runner_up, 0.0)
     behind = late - med_other
-    if "gap_ns" in coll.columns:       # a rank late only because an earlier op held it is not late here
-        behind = np.minimum(behind, _gap_lateness(coll["gap_ns"].to_numpy().astype(np.float64), seg, first, n))
+    if "gap_late_ns" in coll.columns:  # a rank late only because an earlier op held it is not late here
+        behind = np.minimum(behind, coll["gap_late_ns"].to_numpy())
         caused = np.minimum(caused, np.maximum(behind, 0.0))
     ok = (inst["complete"].to_numpy()[idx] & (coll["step"].to_numpy() >= 0) & (n >= 2))
     out = pd.DataFrame({"rank": coll["rank"].to_numpy()[ok], "step": coll["step"].to_numpy()[ok],
@@ -86,7 +86,9 @@ def arrival_lateness(coll: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
 
 def with_release(ops: pd.DataFrame, coll: pd.DataFrame) -> pd.DataFrame:
     """`coll` with gap_ns: how long each member was out of communication before posting (its start minus the
-    end of its previous collective or p2p op; NaN where that end is not known). Lateness propagates: a rank
+    end of its previous collective or p2p op; NaN where that end is not known), and gap_late_ns: that gap
+    minus the smallest of the instance's other members' (+inf where unknown), read by held_by and
+    arrival_lateness. Lateness propagates: a rank
     that waited in a barrier for a slow peer posts its next collective late too, by no doing of its own.
     Its gap before that next collective is its usual one; the slow rank's gap holds the delay."""
     comm = ops["kind"].isin([S.KIND_COLLECTIVE, S.KIND_P2P]).to_numpy()
@@ -107,7 +109,12 @@ def with_release(ops: pd.DataFrame, coll: pd.DataFrame) -> pd.DataFrame:
     gap = pd.Series(start - prev_end, index=pd.MultiIndex.from_arrays([rank, op_id]))
     gap = gap[~gap.index.duplicated(keep=False)]    # op ids reused across merged sources: no gap for those
     key = pd.MultiIndex.from_arrays([coll["rank"].to_numpy(), coll["op_id"].to_numpy()])
-    return coll.assign(gap_ns=gap.reindex(key).to_numpy())
+    gap_ns = gap.reindex(key).to_numpy().astype(np.float64)
+    idx = coll["instance"].to_numpy()             # member rows sorted by instance: one segment each
+    new = np.r_[True, idx[1:] != idx[:-1]] if len(idx) else np.zeros(0, bool)
+    first, seg = np.flatnonzero(new), np.cumsum(new) - 1
+    n = np.diff(np.r_[first, len(idx)])[seg]
+    return coll.assign(gap_ns=gap_ns, gap_late_ns=_gap_lateness(gap_ns, seg, first, n))
 
 
 def held_by(coll: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
@@ -115,15 +122,12 @@ def held_by(coll: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
     doing (its arrival lateness, capped by its gap lateness: `with_release`), where some member's is
     known and positive; the raw last arrival elsewhere. A rank that waited for a slow peer in one group
     and so arrived last in the next is not the one that kept that next instance waiting."""
-    if "gap_ns" not in coll.columns or not len(coll):
+    if "gap_late_ns" not in coll.columns or not len(coll):
         return inst
     idx = coll["instance"].to_numpy()
     new = np.r_[True, idx[1:] != idx[:-1]]
-    first = np.flatnonzero(new)
-    seg = np.cumsum(new) - 1
-    n = np.diff(np.r_[first, len(idx)])[seg]
-    late = coll["late_ns"].to_numpy().astype(np.float64)
-    held = np.minimum(late, _gap_lateness(coll["gap_ns"].to_numpy().astype(np.float64), seg, first, n))
+    first, seg = np.flatnonzero(new), np.cumsum(new) - 1
+    held = np.minimum(coll["late_ns"].to_numpy().astype(np.float64), coll["gap_late_ns"].to_numpy())
     held = np.where(np.isfinite(held), held, -np.inf)
     order = np.lexsort((held, seg))
     top = order[np.r_[first[1:], len(idx)] - 1]          # the member with the largest held lateness
