@@ -481,8 +481,14 @@ def test_fr_edge_cases(tmp_path):
     assert len(jt.ops) == 2 and (jt.ops["bytes"] >= 0).all()
     assert rank_from_name("nccl_trace_rank_12") == 12 and rank_from_name("rank_3.json") == 3
     assert rank_from_name("dump") is None
+    # a folder whose subfolders hold dumps reads them as per-node folders (fr_read.node_dirs) ...
+    nodes = load_flight_recorder(tmp_path / "dumps" / ".." / "dumps" / "..")
+    assert any("a second dump for rank 0" in w for w in nodes.warnings)    # dumps/ and junk/ both have rank 0
+    # ... and one whose subfolders hold none is still no input
+    (tmp_path / "empty" / "node-a").mkdir(parents=True)
+    (tmp_path / "empty" / "node-a" / "notes.txt").write_text("no dump here")
     with pytest.raises(TraceError, match="no Flight Recorder dumps"):
-        load_flight_recorder(tmp_path / "dumps" / ".." / "dumps" / "..")
+        load_flight_recorder(tmp_path / "empty")
 
 
 def _entry_columns(ents) -> dict:

@@ -14,7 +14,17 @@ from typing import Any
 
 from ncclscope.cli.inputs import (EXIT_OK, EXIT_UNREADABLE, UsageError, first_line, load_input, progress,
                                   writable_dir, writable_file)
+from ncclscope.cli.engine_args import engine_for
+from ncclscope.cli.memory_guard import check_fits
 from ncclscope.cli.output import clean, json_report, plural, print_report, print_warnings
+
+
+def read_input(ns: argparse.Namespace, quiet: bool = False) -> Any:
+    """`ns.run` read in the mode its flags ask for (engine_args.py), after the memory check; None after a
+    one-line error. `quiet`: no progress lines (--json)."""
+    check_fits(ns.run)            # UsageError (exit 2) when the input alone is bigger than the free memory
+    with engine_for(ns, ns.run, quiet) as engine:
+        return load_input(ns.run, engine)
 
 
 def run_analyses(trace: Any) -> Any:
@@ -24,7 +34,7 @@ def run_analyses(trace: Any) -> Any:
 
 
 def cmd_analyze(ns: argparse.Namespace) -> int:
-    trace = load_input(ns.run)
+    trace = read_input(ns, quiet=ns.json)
     if trace is None:
         return EXIT_UNREADABLE
     print_warnings(trace)
@@ -40,7 +50,7 @@ def cmd_analyze(ns: argparse.Namespace) -> int:
 def cmd_report(ns: argparse.Namespace) -> int:
     from ncclscope.report.html import write_report
     out = writable_file(ns.output or "report.html", "-o")   # checked before minutes of analysis
-    trace = load_input(ns.run)
+    trace = read_input(ns)
     if trace is None:
         return EXIT_UNREADABLE
     print_warnings(trace)
@@ -75,7 +85,7 @@ def cmd_export(ns: argparse.Namespace) -> int:
                 and not os.path.exists(os.path.join(ns.parquet, DATASET_MARKER))):
             raise UsageError(f"--parquet {ns.parquet}: exists, is not empty and is not an ncclscope dataset; "
                              "refusing to write into it")
-    trace = load_input(ns.run)
+    trace = read_input(ns)
     if trace is None:
         return EXIT_UNREADABLE
     print_warnings(trace)

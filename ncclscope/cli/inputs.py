@@ -18,16 +18,17 @@ class UsageError(Exception):
     """A command line that cannot work (an output path that cannot be written); exit 2, one line."""
 
 
-def load_input(path: str) -> Any:
+def load_input(path: str, engine: Any = None) -> Any:
     """Any supported input (run directory, Flight Recorder dumps, profiler
     traces), or None after a one-line error on stderr. A spinner on stderr
-    (only when stderr is a terminal) shows a load that takes a while.
+    (only when stderr is a terminal) shows a load that takes a while; with an
+    `engine` (engine_args.engine_for) it prints its own progress instead.
     Public: every analyzer subcommand (`commands.py`) reads its input here."""
     from ncclscope.load.foreign import load_any
     from ncclscope.load.trace import TraceError
     try:
-        with progress(f"reading {path}"):
-            return load_any(path)
+        with progress(f"reading {path}") if engine is None else _nothing():
+            return load_any(path, engine=engine)
     except TraceError as exc:
         print(f"ncclscope: {clean(exc)}", file=sys.stderr)
     except (OSError, ValueError, RecursionError, MemoryError) as exc:   # a reader that did not word its error
@@ -36,6 +37,16 @@ def load_input(path: str) -> Any:
         if debug_wanted():
             traceback.print_exc()
     return None
+
+
+class _nothing:
+    """No spinner (the engine prints its own progress lines)."""
+
+    def __enter__(self) -> "_nothing":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
 
 
 class progress:

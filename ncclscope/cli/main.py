@@ -32,8 +32,11 @@ import traceback
 from typing import Sequence
 
 from ncclscope.cli.inputs import EXIT_INTERNAL, EXIT_OK, EXIT_UNREADABLE, UsageError, debug_wanted, first_line, set_debug
+from ncclscope.cli.memory_guard import Watchdog
 from ncclscope.cli.output import clean
 from ncclscope.cli.parser import build_parser
+
+ANALYZER_COMMANDS = ("analyze", "report", "export")      # watched for memory (memory_guard.py)
 
 __all__ = ["main"]
 
@@ -46,6 +49,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     set_debug(bool(getattr(ns, "debug", False)))
     from ncclscope.load.trace import TraceError
     try:
+        if ns.command in ANALYZER_COMMANDS:       # not the TUI (a terminal in raw mode) nor the runtime's jobs
+            with Watchdog(ns.command):
+                return int(ns.func(ns))
         return int(ns.func(ns))
     except BrokenPipeError:   # `ncclscope analyze RUN | head`
         try:

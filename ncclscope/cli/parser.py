@@ -14,6 +14,7 @@ from importlib.metadata import entry_points
 
 from ncclscope import __version__
 from ncclscope.cli.commands import cmd_analyze, cmd_export, cmd_report, cmd_tui
+from ncclscope.cli.engine_args import add_engine_args
 
 ENTRY_POINT_GROUP = "ncclscope.commands"
 
@@ -29,17 +30,20 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("run", help="run directory (holds run.json and rank-NNNNN/), or a directory of Flight "
                    "Recorder dumps or PyTorch profiler traces (detected by content)")
     a.add_argument("--json", action="store_true", help="machine-readable output")
+    add_engine_args(a)
     a.set_defaults(func=cmd_analyze)
 
     r = sub.add_parser("report", help="write a self-contained HTML report (bubbles, stragglers, divergence, ...)")
     r.add_argument("run", help="run directory")
     r.add_argument("-o", "--output", default="", help="output HTML file (default: report.html)")
+    add_engine_args(r)
     r.set_defaults(func=cmd_report)
 
     e = sub.add_parser("export", help="export a trace to Perfetto (trace-event JSON) and/or Parquet")
     e.add_argument("run", help="run directory, Flight Recorder dump directory or profiler trace directory")
     e.add_argument("--perfetto", default="", metavar="OUT.json", help="Chrome/Perfetto trace-event JSON")
     e.add_argument("--parquet", default="", metavar="DIR", help="Parquet dataset partitioned by rank")
+    add_engine_args(e)
     e.set_defaults(func=cmd_export)
 
     u = sub.add_parser("tui", help="terminal UI: verdict, rank grid, stacks, collectives, timeline")

@@ -377,8 +377,11 @@ def _rank_info(r: int, meta: dict[str, Any]) -> RankInfo:
     )
 
 
-def load(path: str | os.PathLike[str]) -> Trace:
-    """Load a run directory. Raises TraceError only when nothing can be analyzed."""
+def load(path: str | os.PathLike[str], engine: Any = None) -> Trace:
+    """Load a run directory. Raises TraceError only when nothing can be analyzed.
+
+    `engine` (ncclscope.engine.Engine): the rank directories are read on its workers, chunk by chunk, and
+    merged here into the same Trace (engine/rank_chunks.py says why it is the same)."""
     root = Path(path)
     no_hugepages()          # big fresh arrays from here on: heap.no_hugepages says why
     if not root.exists():
@@ -391,8 +394,11 @@ def load(path: str | os.PathLike[str]) -> Trace:
     if not dirs:
         raise TraceError(f"{root}: no rank-NNNNN directories (is this a run directory?)")
     loader = RunDirLoader(root, warnings)
-    for r, d in dirs.items():
-        loader.add_rank(r, d)
+    if engine is not None:
+        engine.read_rank_dirs(loader, dirs)
+    else:
+        for r, d in dirs.items():
+            loader.add_rank(r, d)
     world_size = max(run.world_size, loader.declared_world, max(dirs) + 1)
     return loader.finish(run, world_size)
 

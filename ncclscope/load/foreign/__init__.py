@@ -22,7 +22,8 @@ __all__ = ["load_any", "normalize_dtype", "dtype_itemsize", "normalize_op", "gro
            "events_table", "coded", "parse_ranks", "P2P_OPS"]
 
 
-def load_any(path: Any) -> Any:
-    """Load a run directory, a Flight Recorder dump directory or a profiler trace directory."""
+def load_any(path: Any, engine: Any = None) -> Any:
+    """Load a run directory, a Flight Recorder dump directory or a profiler trace directory (`engine`: on
+    its workers, ncclscope.engine)."""
     from ncclscope.load.foreign.detect import load_any as _load_any
-    return _load_any(path)
+    return _load_any(path, engine=engine)

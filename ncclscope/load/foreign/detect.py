@@ -29,6 +29,7 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ncclscope.load import safe_io
 from ncclscope import schema as S
@@ -95,11 +96,12 @@ def survey(path: str | os.PathLike[str]) -> Inputs:
     elif (root / DATASET_MARKER).exists():
         out.primary = ("parquet", root)          # its rank=N/ partitions are ours: nothing of NCCL's inside
         return out
-    _nccl_beside(entries, out.nccl)
+    nodes = fr.node_dirs(entries) if out.primary is None else []     # per-node dump folders: dumps, not NCCL's
+    _nccl_beside([e for e in entries if e not in nodes], out.nccl)
     if out.primary is not None:
         return out
     n_fr, n_prof, n_files = _count_files(entries, out.nccl)
-    if n_fr and n_fr >= n_prof:
+    if (n_fr or nodes) and n_fr >= n_prof:
         out.primary = ("flight_recorder", root)
     elif n_prof:
         out.primary = ("profiler", root)
@@ -172,13 +174,14 @@ def _head(path: Path) -> bytes:
         return b""
 
 
-def load_any(path: str | os.PathLike[str], *more: str | os.PathLike[str]) -> Trace:
+def load_any(path: str | os.PathLike[str], *more: str | os.PathLike[str], engine: Any = None) -> Trace:
     """Load any input ncclscope understands into one Trace (see module docstring); `more`: further
-    paths of the same job (NCCL evidence, or the one source of ops)."""
+    paths of the same job (NCCL evidence, or the one source of ops); `engine`: read run directories and
+    Flight Recorder dumps on its workers (ncclscope.engine), the same Trace as without it."""
     inputs = survey(path)
     for m in more:
         inputs.merge(survey(m))
-    trace = _load_primary(*inputs.primary) if inputs.primary else None
+    trace = _load_primary(*inputs.primary, engine=engine) if inputs.primary else None
     if trace is not None and inputs.nccl:
         require_readable(trace, path)
     if inputs.nccl:
@@ -187,15 +190,15 @@ def load_any(path: str | os.PathLike[str], *more: str | os.PathLike[str]) -> Tra
     return trace
 
 
-def _load_primary(kind: str, path: Path) -> Trace:
+def _load_primary(kind: str, path: Path, engine: Any = None) -> Trace:
     if kind == "run":
-        return load(path)
+        return load(path, engine=engine)
     if kind == "parquet":
         from ncclscope.export import load_parquet
         return load_parquet(path)
     if kind == "flight_recorder":
         from ncclscope.load.foreign.flight_recorder import load_flight_recorder
-        return load_flight_recorder(path)
+        return load_flight_recorder(path, engine=engine)
     from ncclscope.load.foreign.profiler import load_profiler
     return load_profiler(path)
 

@@ -69,7 +69,7 @@ INFERRED_NOTE = "completion inferred: gloo Flight Recorder records none"
 # --------------------------------------------------------------------------
 # Loader
 # --------------------------------------------------------------------------
-def load_flight_recorder(path: str | Path, world_size: int | None = None) -> Trace:
+def load_flight_recorder(path: str | Path, world_size: int | None = None, engine: Any = None) -> Trace:
     """Load a directory of per-rank Flight Recorder dumps (or one dump file).
 
     `world_size` overrides what the dumps imply (the largest rank seen, the
@@ -78,16 +78,16 @@ def load_flight_recorder(path: str | Path, world_size: int | None = None) -> Tra
     enabled = gc.isenabled()
     gc.disable()            # millions of small containers, no cycles: the collector only costs time
     try:
-        return _load(path, world_size)
+        return _load(path, world_size, engine)
     finally:
         if enabled:
             gc.enable()
 
 
-def _load(path: str | Path, world_size: int | None) -> Trace:
+def _load(path: str | Path, world_size: int | None, engine: Any = None) -> Trace:
     """read -> fix up -> assemble: the dumps' entries as columns (`_read`), the columns a dump does not
     hold directly (`fr_fixup_stage.FixedUp`), then rows, groups and run info into `trace.assemble`."""
-    read = _read(Path(path), world_size)
+    read = _read(Path(path), world_size, engine)
     if not read.ents.n:
         read.warnings.append(f"{read.root}: the dumps hold no entries (Flight Recorder off, or nothing ran yet)")
         ranks = {r: RankInfo(rank=r, present=r in read.dumps) for r in range(read.world)}
@@ -130,16 +130,13 @@ def _dump_files(root: Path, warnings: list[str]) -> dict[int, tuple[Path, str]]:
     raise TraceError(f"{root}: no such file or directory")
 
 
-def _read(root: Path, world_size: int | None) -> _Read:
-    """Stage 1: read every dump (one read buffer for all), a dump that cannot be read costing its rank
-    only; the world from the ranks, pg_config's plausible members and `world_size`."""
-    warnings: list[str] = []
-    files = _dump_files(root, warnings)
-    dumps: dict[int, dict[str, Any]] = {}
-    versions: dict[str, list[int]] = {}
-    ents = Entries()
+def add_dumps(items: list[tuple[int, tuple[Path, str]]], ents: Entries, dumps: dict[int, dict[str, Any]],
+              versions: dict[str, list[int]], warnings: list[str]) -> None:
+    """Read these dumps (rank order) into `ents`, `dumps` (all but the entries) and `versions` (one read buffer
+    for all); a dump that cannot be read costs its rank only. Public: an engine worker runs this on its chunk
+    (engine/dump_chunks.py)."""
     buffer = DumpBuffer()
-    for rank, (file, fmt) in sorted(files.items()):
+    for rank, (file, fmt) in items:
         try:
             dump = read_dump(file, fmt, buffer)
         except TraceError as exc:
@@ -155,7 +152,21 @@ def _read(root: Path, world_size: int | None) -> _Read:
             continue
         dumps[rank] = dump
         versions.setdefault(str(dump.get("version", "?")), []).append(rank)
-    del buffer
+
+
+def _read(root: Path, world_size: int | None, engine: Any = None) -> _Read:
+    """Stage 1: read every dump (one read buffer for all), a dump that cannot be read costing its rank
+    only; the world from the ranks, pg_config's plausible members and `world_size`."""
+    warnings: list[str] = []
+    files = _dump_files(root, warnings)
+    dumps: dict[int, dict[str, Any]] = {}
+    versions: dict[str, list[int]] = {}
+    ents = Entries()
+    items = sorted(files.items())
+    if engine is not None:
+        engine.read_dumps(items, ents, dumps, versions, warnings)
+    else:
+        add_dumps(items, ents, dumps, versions, warnings)
     if not dumps:
         raise TraceError(f"{root}: no readable Flight Recorder dump")
     for v, rs in versions.items():

@@ -332,6 +332,24 @@ class Entries:
         of_pair[order] = pair_names
         return (of_pair[pair_code], new), np.array([h[1] for h in hits], np.int64)[pair_code]
 
+    def absorb(self, other: "Entries") -> None:
+        """Add the dumps `other` reduced (on an engine worker, engine/dump_chunks.py) as if `add` had read them
+        here after this one's: string codes remapped into these tables, which register `other`'s values in
+        the order `other` met them, so the tables grow as one reader's would."""
+        for key in _INTS + ("is_p2p",):
+            self._parts[key].extend(other._parts[key])
+        for key in _CODED:
+            theirs = list(other._tables[key].index)
+            lut, new = self._tables[key].codes(theirs)
+            self._tables[key].commit(new)
+            self._parts[key].extend(lut[p] if len(lut) else p for p in other._parts[key])
+        for rank, stats in other.rank_stats.items():
+            old = self.rank_stats.get(rank)
+            self.rank_stats[rank] = stats if old is None else (
+                min(old[0], stats[0]), min(old[1], stats[1]), max(old[2], stats[2]), max(old[3], stats[3]),
+                max(old[4], stats[4]))
+        self.frames.update(other.frames)
+
     def finish(self) -> "Entries":
         """Concatenate the per-dump pieces, one column at a time (each column's pieces are
         dropped as it is done, so the peak is the columns plus one column's pieces)."""

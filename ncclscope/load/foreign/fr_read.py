@@ -69,13 +69,37 @@ def rank_from_name(name: str) -> int | None:
     return int(m.group(1))
 
 
+def node_dirs(entries: list[Path], limit: int = 4096) -> list[Path]:
+    """The subdirectories among `entries` that hold dumps: jobs often give each node its own dump folder
+    (TORCH_FR_DUMP_TEMP_FILE=/shared/fr/$HOSTNAME/rank_). A folder counts when one of its first 16 regular,
+    visible files (by name) is a dump (a node's folder may hold its logs too); hidden folders and rank-NNNNN/
+    (a run directory's) never do. At most `limit` folders."""
+    out = []
+    for d in entries:
+        if d.name.startswith((".", "rank-")) or d.is_symlink() or not d.is_dir():
+            continue
+        try:
+            with os.scandir(d) as it:
+                names = sorted(e.name for e in it if not e.name.startswith(".") and e.is_file(follow_symlinks=False))
+        except OSError:
+            continue
+        if any(sniff(d / n) for n in names[:16]):
+            out.append(d)
+            if len(out) >= limit:
+                break
+    return out
+
+
 def dump_files(directory: Path, warnings: list[str] | None = None) -> dict[int, tuple[Path, str]]:
-    """rank -> (file, "pickle" | "json") for every dump in `directory` (not recursive).
-    Where a rank has both, the pickle wins (only it carries stack frames)."""
+    """rank -> (file, "pickle" | "json") for every dump in `directory` and in its per-node subdirectories
+    (`node_dirs`; one level). Where a rank has both, the pickle wins (only it carries stack frames); a rank
+    found twice in one format keeps the first file by path, with a warning."""
     warn = warnings if warnings is not None else []
     found: dict[int, tuple[Path, str]] = {}
     try:
         entries = sorted(directory.iterdir())
+        for d in node_dirs(entries):
+            entries += sorted(d.iterdir())
     except OSError as exc:
         raise TraceError(f"{directory}: cannot list ({safe_io.short(exc)})") from None
     for entry in entries:

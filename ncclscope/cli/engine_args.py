@@ -1,0 +1,65 @@
+"""The three ways to run an analysis, as the CLI offers them: in this process, on a local cluster of worker
+processes (`--workers N`), or on a Dask cluster someone started (`--scheduler ADDRESS`).
+
+Without either flag the choice is automatic: inputs of at least AUTO_BYTES on disk are read on every core of
+this machine, smaller ones in this process (start-up of the workers costs about a second; benchmarks/engine_modes.py
+measures where the workers start to pay). Every mode gives the same analysis (tests/test_engine.py).
+"""
+from __future__ import annotations
+
+import argparse
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+from ncclscope.cli.inputs import UsageError, first_line
+from ncclscope.cli.memory_guard import input_bytes
+
+AUTO_BYTES = 1 << 30        # 1 GiB of rank streams or dumps: below it one process is as fast (measured)
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("engine (large inputs)")
+    g.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="read the input on N local worker processes (0: in this process; default: every core "
+                        "for inputs of 1 GiB or more, else in this process)")
+    g.add_argument("--scheduler", default="", metavar="ADDRESS",
+                   help="use the Dask cluster at ADDRESS (tcp://host:8786), e.g. one started in a SLURM "
+                        "allocation (docs/scale.md)")
+    g.add_argument("--worker-memory", default="", metavar="SIZE",
+                   help="memory limit of each local worker, enforced by Dask (e.g. 8GB; default: the machine's "
+                        "memory shared among the workers)")
+    g.add_argument("--scratch", default="", metavar="DIR",
+                   help="where workers leave their results for this process (default: a temporary directory; "
+                        "with --scheduler, a path every worker and this process share)")
+
+
+@contextmanager
+def engine_for(ns: argparse.Namespace | None, path: str, quiet: bool) -> Iterator[Any]:
+    """The engine `ns` asks for (None: read in this process); a UsageError (exit 2) when it cannot start."""
+    workers = getattr(ns, "workers", None) if ns is not None else None
+    scheduler = getattr(ns, "scheduler", "") if ns is not None else ""
+    if workers is not None and workers < 0:
+        raise UsageError(f"--workers {workers}: give 0 (this process) or more")
+    if scheduler and workers:
+        raise UsageError("--workers and --scheduler: give one (the cluster at --scheduler has its own workers)")
+    wanted = bool(scheduler) or bool(workers) or (workers is None and input_bytes(path, AUTO_BYTES) >= AUTO_BYTES)
+    if not wanted:
+        yield None
+        return
+    from ncclscope.engine.cluster import EngineError, open_engine, stderr_progress
+    try:
+        ctx = open_engine(workers=workers or None, scheduler=scheduler or None,
+                          memory_limit=getattr(ns, "worker_memory", "") or None,
+                          scratch=getattr(ns, "scratch", "") or None, progress=stderr_progress(quiet))
+        engine = ctx.__enter__()
+    except EngineError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        yield engine
+    except Exception as exc:
+        if type(exc).__name__ != "KilledWorker":     # dask.distributed's, when a worker died past its tries
+            raise
+        raise UsageError(f"{path}: a worker died while reading it, past its memory limit or killed "
+                         f"({first_line(exc)}); give each worker more (--worker-memory) or use more workers")
+    finally:
+        ctx.__exit__(None, None, None)

@@ -1,0 +1,88 @@
+"""Never an out-of-memory kill: an input too big for this machine is a one-line error (exit 2), before the
+load when its size on disk already says so, or while it runs when the machine is about to run out.
+
+Why both: the size on disk is a lower bound only (a run directory's tables take at least ~1.1x its streams'
+bytes in memory: 16,384 synthetic ranks, 5.5 GB on disk, peak 6.1-6.3 GB; 1,024 ranks, 1.6 GB, peak 3.4 GB),
+so the check before the load refuses only what cannot fit; the watchdog catches the rest. The analysis holds
+every op in the driver in every mode (docs/scale.md): --workers spreads the reading, not the holding.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Any
+
+import psutil
+
+from ncclscope.cli.inputs import UsageError
+
+DISK_TO_MEMORY = 1.1          # memory per byte of input, at least (measured, see the module docstring)
+RESERVE = 0.03                # the watchdog stops the analysis when less than this share of memory is left
+ADVICE = ("the analysis holds every op in one process in every mode (--workers spreads the reading only: "
+          "docs/scale.md); use a machine with more memory")
+
+
+def input_bytes(path: str, stop_at: float = float("inf")) -> int:
+    """Bytes of the files in `path` and its immediate subdirectories (rank directories, per-node dump
+    folders), counted until `stop_at` is reached (the automatic engine choice needs only to know that)."""
+    total = 0
+    try:
+        with os.scandir(path) as top:
+            for e in top:
+                if e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
+                elif e.is_dir(follow_symlinks=False):
+                    with os.scandir(e.path) as inner:
+                        total += sum(f.stat(follow_symlinks=False).st_size for f in inner
+                                     if f.is_file(follow_symlinks=False))
+                if total >= stop_at:
+                    break
+    except OSError:
+        pass
+    return total
+
+
+def check_fits(path: str) -> None:
+    """UsageError (exit 2) when the input alone needs more memory than the machine has available now."""
+    if not os.path.isdir(path):
+        return
+    need = input_bytes(path) * DISK_TO_MEMORY
+    have = psutil.virtual_memory().available
+    if need > have:
+        raise UsageError(f"{path}: needs at least {need / 2**30:.1f} GB of memory to analyze, "
+                         f"{have / 2**30:.1f} GB are available; {ADVICE}")
+
+
+class Watchdog:
+    """While the analysis runs, exit 2 with one line once available memory falls under RESERVE of the total
+    and this process holds most of what is used (a thread polling every 0.5 s; the kernel's OOM killer would
+    otherwise end the job with SIGKILL and no word)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "Watchdog":
+        self._thread = threading.Thread(target=self._watch, name="ncclscope-memory-watchdog", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
+        me = psutil.Process()
+        while not self._stop.wait(0.5):
+            vm = psutil.virtual_memory()
+            if vm.available >= RESERVE * vm.total:
+                continue
+            rss = me.memory_info().rss
+            if rss < 0.5 * (vm.total - vm.available):
+                continue                  # another process is the one eating the memory: not ours to stop
+            print(f"ncclscope: {self.what}: out of memory ({rss / 2**30:.1f} GB held, "
+                  f"{vm.available / 2**30:.1f} GB left of {vm.total / 2**30:.1f}); {ADVICE}",
+                  file=sys.stderr, flush=True)
+            os._exit(2)
+            return                        # (os._exit does not return; a test's stand-in does)

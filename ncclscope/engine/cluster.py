@@ -1,0 +1,210 @@
+"""The engine: a Dask cluster (local worker processes, or a scheduler someone started) and the one way the
+analyzer hands it work (`Engine.map_ordered`).
+
+Why Dask (docs/architecture.md has the measurement): on the per-rank stage it is as fast as Ray with a tenth of
+the install and start-up, and `dask-jobqueue` starts its workers inside a SLURM or PBS allocation; results the
+driver needs whole are moved as files in a scratch directory (`Engine.scratch`), not through its TCP comm.
+
+Nothing here is a global: the CLI opens one Engine per command (`open_engine`, a context manager) and passes it
+down to the loader explicitly; closing it stops the workers it started (never those of a cluster it joined).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections import deque
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Sequence
+
+Progress = Callable[[str, int, int], None]      # (what, done, total)
+
+
+class EngineError(RuntimeError):
+    """The engine could not be started or reached (one line, says what and where)."""
+
+
+class Engine:
+    """A connected Dask client, the number of workers it may use, and a scratch directory for large results."""
+
+    def __init__(self, client: Any, workers: int, scratch: str | None, progress: Progress | None = None,
+                 own: Any = None) -> None:
+        self.client, self.workers, self.scratch = client, workers, scratch
+        self.progress = progress
+        self._own = own                  # the LocalCluster this Engine started (closed with it), else None
+
+    def map_ordered(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], what: str,
+                    sizes: Sequence[int] | None = None, ahead: int | None = None) -> Iterator[Any]:
+        """fn(*a) for every a in `args`, on the workers, yielded in the order of `args`.
+
+        At most `ahead` tasks (default: two per worker) are submitted beyond the one the caller is waiting for,
+        so neither the workers nor the driver ever hold more than that many results: memory stays bounded by
+        the chunk size, not the input size. Progress: (what, done, total) after each result, counted in
+        `sizes` (e.g. the ranks of each chunk) when given, else in tasks."""
+        counts = list(sizes) if sizes is not None else [1] * len(args)
+        total = sum(counts)
+        window = ahead if ahead is not None else max(2 * self.workers, 2)
+        pending: deque[Any] = deque()
+        it = iter(args)
+        for a in it:
+            pending.append(self.client.submit(fn, *a, pure=False))
+            if len(pending) >= window:
+                break
+        done = 0
+        for count in counts:
+            fut = pending.popleft()
+            try:
+                result = fut.result()
+            finally:
+                fut.release()
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(self.client.submit(fn, *nxt, pure=False))
+            done += count
+            if self.progress is not None:
+                self.progress(what, done, total)
+            yield result
+
+    def map_large(self, fn: Callable[..., Any], args: Sequence[tuple[Any, ...]], what: str,
+                  sizes: Sequence[int] | None, kind: type) -> Iterator[Any]:
+        """`map_ordered` for results the driver needs whole (a chunk's columns): with a scratch directory each
+        result is written there by its worker and read back here (deleted once read), and only its path
+        travels. Why: measured (benchmarks/engine_choice.py), Dask's TCP comm moves a chunk's columns at
+        ~140 MB/s on this machine, a file in the page cache or on the cluster's shared filesystem at memory
+        or disk speed."""
+        if not self.scratch:
+            yield from self.map_ordered(fn, args, what, sizes)
+            return
+        paths = [(fn, f"{self.scratch}/{what.split()[0]}-{i:06d}.pkl", *a) for i, a in enumerate(args)]
+        for path in self.map_ordered(run_to_file, paths, what, sizes):
+            yield load_result(path, kind)
+
+    def read_rank_dirs(self, loader: Any, dirs: Any) -> None:
+        """Stage 1 for a run directory (`load.trace.load` calls this when given an engine)."""
+        from ncclscope.engine.rank_chunks import read_rank_dirs
+        read_rank_dirs(self, loader, dirs)
+
+    def read_dumps(self, items: Any, ents: Any, dumps: Any, versions: Any, warnings: Any) -> None:
+        """Stage 1 for Flight Recorder dumps (`flight_recorder._read` calls this when given an engine)."""
+        from ncclscope.engine.dump_chunks import read_dumps
+        read_dumps(self, items, ents, dumps, versions, warnings)
+
+    def close(self) -> None:
+        try:
+            self.client.close()
+        finally:
+            if self._own is not None:
+                self._own.close()
+
+
+def run_to_file(fn: Callable[..., Any], path: str, *args: Any) -> str:
+    """fn(*args) pickled to `path` (runs on a worker; written under a temporary name, then renamed)."""
+    import pickle
+    result = fn(*args)
+    tmp = f"{path}.part"
+    with open(tmp, "wb") as f:
+        pickle.dump(result, f, protocol=pickle.HIGHEST_PROTOCOL)
+    os.replace(tmp, path)
+    return path
+
+
+def load_result(path: str, kind: type) -> Any:
+    """A result `run_to_file` wrote: only ever a file this run's own workers wrote into its own scratch
+    directory (a fresh mkdtemp, mode 0700), never user input; deleted once read."""
+    import pickle
+    with open(path, "rb") as f:
+        result = pickle.load(f)
+    os.unlink(path)
+    if not isinstance(result, kind):
+        raise EngineError(f"{path}: a worker left {type(result).__name__}, expected {kind.__name__}")
+    return result
+
+
+@contextmanager
+def working_dir(cwd: str | None) -> Iterator[None]:
+    """Run a task in the driver's working directory (on a worker): relative input paths then name the same
+    files, and every warning reads word for word as in one process. A worker runs one task at a time
+    (one thread), so changing its directory for the task's length touches nothing else it does."""
+    if not cwd or cwd == os.getcwd():
+        yield
+        return
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def default_workers() -> int:
+    """Cores this process may use (the local cluster's default size)."""
+    try:
+        return max(len(os.sched_getaffinity(0)), 1)
+    except (AttributeError, OSError):
+        return max(os.cpu_count() or 1, 1)
+
+
+@contextmanager
+def open_engine(workers: int | None = None, scheduler: str | None = None, memory_limit: str | None = None,
+                scratch: str | None = None, progress: Progress | None = None) -> Iterator[Engine]:
+    """A local cluster of `workers` processes (one thread each), or the cluster at `scheduler`.
+
+    `memory_limit` (e.g. "8GB") is each local worker's limit, enforced by Dask (a worker past it is restarted
+    and its task fails, never the machine). `scratch`: where workers leave large results for the driver; for a
+    local cluster a fresh temporary directory, for a remote one it must be a path every worker and the driver
+    share (without one, results travel through Dask itself)."""
+    try:
+        from dask.distributed import Client, LocalCluster
+    except ImportError as exc:     # pragma: no cover - dask is a dependency
+        raise EngineError(f"--workers/--scheduler need dask[distributed] ({exc})") from None
+    own = None
+    made: str | None = None
+    try:
+        if scheduler:
+            try:
+                client = Client(scheduler, timeout="20s")
+            except (OSError, TimeoutError) as exc:
+                raise EngineError(f"--scheduler {scheduler}: cannot reach it ({exc})") from None
+            n = max(len(client.scheduler_info().get("workers", {})), 1)
+        else:
+            n = workers or default_workers()
+            if n < 1:
+                raise EngineError(f"--workers {n}: needs at least 1")
+            own = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                               memory_limit=memory_limit or "auto", silence_logs=40)
+            client = Client(own)
+        if scratch is None and not scheduler:
+            scratch = made = tempfile.mkdtemp(prefix="ncclscope-scratch-")
+        elif scratch is not None:
+            os.makedirs(scratch, exist_ok=True)
+            scratch = made = tempfile.mkdtemp(prefix="ncclscope-scratch-", dir=scratch)
+        engine = Engine(client, n, scratch, progress, own)
+    except EngineError:
+        if own is not None:
+            own.close()
+        raise
+    try:
+        yield engine
+    finally:
+        engine.close()
+        if made:
+            shutil.rmtree(made, ignore_errors=True)
+
+
+def stderr_progress(quiet: bool = False, every_s: float = 1.0) -> Progress | None:
+    """Per-stage progress on stderr ("ranks read 4,096/16,384 (12 s)"), at most one line a second and the
+    last one always; None (no output) when `quiet`."""
+    if quiet:
+        return None
+    t0 = time.monotonic()
+    last = [0.0]
+
+    def show(what: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if done < total and now - last[0] < every_s:
+            return
+        last[0] = now
+        print(f"ncclscope: {what} {done:,}/{total:,} ({now - t0:.0f} s)", file=sys.stderr, flush=True)
+    return show

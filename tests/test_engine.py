@@ -1,0 +1,169 @@
+"""The three ways to run an analysis (in this process, `--workers N`, `--scheduler ADDRESS`) give the same
+`analyze --json`, byte for byte, on every sample trace, a small synthetic scale trace and Flight Recorder dumps
+(one folder, and one folder per node). One local Dask cluster of 2 workers is started and stopped here."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("distributed")
+
+from ncclscope.cli.output import json_report                       # noqa: E402
+from ncclscope.engine.cluster import Engine, open_engine           # noqa: E402
+from ncclscope.load.foreign import load_any                        # noqa: E402
+from ncclscope.verdict import run                                  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if p.is_dir())
+BENCH = ROOT / "benchmarks"
+pytestmark = pytest.mark.timeout(300)
+
+
+def _doc(path: Path, engine: Engine | None) -> str:
+    trace = load_any(str(path), engine=engine)
+    return json.dumps(json_report(trace, run(trace)), indent=1, default=str)
+
+
+@pytest.fixture(scope="module")
+def engine():
+    """One local cluster for the module: 2 worker processes, one thread each; tasks forced small so that
+    even the sample traces are split into several chunks (the merge is what is under test)."""
+    seen: list[tuple[str, int, int]] = []
+    with open_engine(workers=2, progress=lambda what, done, total: seen.append((what, done, total))) as e:
+        e.seen = seen
+        yield e
+
+
+@pytest.fixture(scope="module")
+def synth(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("synth") / "s64"
+    subprocess.run([sys.executable, str(BENCH / "synth.py"), str(out), "--ranks", "64", "--events", "60000"],
+                   check=True, capture_output=True, timeout=120)
+    return out
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory) -> Path:
+    sys.path.insert(0, str(BENCH))
+    from ingest import make_fr_dumps
+    out = tmp_path_factory.mktemp("fr") / "dumps"
+    make_fr_dumps(out, 32, 200, 13, skip="all_reduce")
+    (out / "inputs.json").unlink(missing_ok=True)
+    return out
+
+
+@pytest.mark.parametrize("sample", SAMPLES, ids=[p.name for p in SAMPLES])
+def test_every_sample_trace_reads_the_same_on_workers(sample, engine, monkeypatch):
+    monkeypatch.setattr("ncclscope.engine.rank_chunks.chunk_size", lambda n, w: 1)   # one rank per task
+    assert _doc(sample, engine) == _doc(sample, None)
+
+
+def test_a_scale_trace_reads_the_same_on_workers_and_reports_progress(synth, engine):
+    engine.seen.clear()
+    a, b = _doc(synth, engine), _doc(synth, None)
+    assert a == b
+    truth = json.loads((synth / "run.json").read_text())["synthetic"]["hang_rank"]
+    assert f"rank {truth} " in json.loads(a)["verdict"]
+    assert engine.seen and engine.seen[-1] == ("rank directories read", 64, 64)
+    assert [d for _, d, _ in engine.seen] == sorted(d for _, d, _ in engine.seen)
+
+
+def test_flight_recorder_dumps_read_the_same_on_workers_also_one_folder_per_node(dumps, engine, tmp_path,
+                                                                                monkeypatch):
+    monkeypatch.setattr("ncclscope.engine.dump_chunks.chunk_size", lambda n, w: 3)
+    one = _doc(dumps, None)
+    assert _doc(dumps, engine) == one
+    nodes = tmp_path / "per-node"
+    files = sorted(dumps.iterdir())
+    for i, f in enumerate(files):            # 4 nodes of 8 ranks, the host name in each file's name
+        node = nodes / f"node-{i // 8:02d}"
+        node.mkdir(parents=True, exist_ok=True)
+        shutil.copy(f, node / f"{f.name.rsplit('_', 1)[0]}_node-{i // 8:02d}_{f.name.rsplit('_', 1)[1]}")
+    per_node = json.loads(_doc(nodes, engine))
+    assert per_node["verdict"] == json.loads(one)["verdict"]
+    assert _doc(nodes, None) == json.dumps(per_node, indent=1, default=str)
+
+
+def _cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    return subprocess.run([sys.executable, "-m", "ncclscope", "analyze", *args], capture_output=True, text=True,
+                          timeout=240, env=env, cwd=cwd)
+
+
+def test_a_relative_path_names_the_same_files_on_the_cluster_s_workers(engine):
+    """The workers' own working directory is not the driver's: a relative input path must still be read,
+    and every warning worded as in one process."""
+    here = ROOT / "sample_traces"
+    assert Path(os.getcwd()) != here
+    plain = _cli("hung-pipeline", "--json", "--workers", "0", cwd=here)
+    remote = _cli("hung-pipeline", "--json", "--scheduler", engine.client.scheduler.address, cwd=here)
+    assert remote.returncode == plain.returncode == 1, remote.stderr
+    assert remote.stdout == plain.stdout
+
+
+def test_the_cli_gives_one_document_in_process_on_local_workers_and_on_a_cluster(synth, engine):
+    address = engine.client.scheduler.address
+    plain = _cli(str(synth), "--json", "--workers", "0")
+    local = _cli(str(synth), "--json", "--workers", "2")
+    remote = _cli(str(synth), "--json", "--scheduler", address)
+    assert plain.returncode == local.returncode == remote.returncode == 1, (local.stderr, remote.stderr)
+    assert plain.stdout == local.stdout == remote.stdout
+    assert "rank directories read" not in local.stderr          # --json: quiet
+    text = _cli(str(synth), "--workers", "2")
+    assert "ncclscope: rank directories read 64/64" in text.stderr
+
+
+def test_engine_flags_that_cannot_work_are_one_line_exit_2(synth):
+    bad = _cli(str(synth), "--scheduler", "tcp://127.0.0.1:9")       # nothing listens there
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--scheduler tcp://127.0.0.1:9" in bad.stderr
+    both = _cli(str(synth), "--workers", "2", "--scheduler", "tcp://127.0.0.1:9")
+    assert both.returncode == 2 and "give one" in both.stderr
+    neg = _cli(str(synth), "--workers", "-1")
+    assert neg.returncode == 2 and "--workers -1" in neg.stderr
+
+
+def test_an_input_bigger_than_the_free_memory_is_one_line_exit_2_before_any_reading(synth, monkeypatch, capsys):
+    import types
+
+    from ncclscope.cli import memory_guard
+    from ncclscope.cli.main import main
+    fake = types.SimpleNamespace(available=1 << 20, total=1 << 50)     # 1 MB free of a huge machine
+    monkeypatch.setattr(memory_guard.psutil, "virtual_memory", lambda: fake)
+    monkeypatch.setattr("ncclscope.cli.inputs.load_input", lambda *a: pytest.fail("read despite the check"))
+    assert main(["analyze", str(synth), "--json"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs at least" in err and "1 MB" not in err and "--workers" in err
+
+
+def test_the_watchdog_stops_the_analysis_with_one_line_before_the_machine_runs_out(monkeypatch, capsys):
+    import threading
+    import types
+
+    from ncclscope.cli import memory_guard
+    rss = memory_guard.psutil.Process().memory_info().rss
+    fake = types.SimpleNamespace(available=rss // 100, total=rss + rss // 100)   # this process holds it all
+    monkeypatch.setattr(memory_guard.psutil, "virtual_memory", lambda: fake)
+    exited = threading.Event()
+    codes: list[int] = []
+
+    def fake_exit(code: int) -> None:
+        codes.append(code)
+        exited.set()
+    monkeypatch.setattr(memory_guard.os, "_exit", fake_exit)
+    with memory_guard.Watchdog("analyze"):
+        assert exited.wait(5)
+    assert codes == [2]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "analyze: out of memory" in err
+    # another process eating the memory is not ours to stop
+    fake.total = rss * 10
+    fake.available = 0
+    exited.clear()
+    with memory_guard.Watchdog("analyze"):
+        assert not exited.wait(1.2)
