@@ -167,3 +167,20 @@ def test_the_watchdog_stops_the_analysis_with_one_line_before_the_machine_runs_o
     exited.clear()
     with memory_guard.Watchdog("analyze"):
         assert not exited.wait(1.2)
+
+
+def test_the_tui_opens_on_the_trace_the_workers_read(synth, monkeypatch, capsys):
+    """`tui --workers 2`: the input is read on the workers first (progress on stderr), the workers stop, then
+    the app opens on that trace; its verdict is the in-process one."""
+    from ncclscope.cli.main import main
+    seen: dict = {}
+
+    def fake_tui(path, follow=False, poll_s=1.0, trace=None):
+        seen.update(path=path, trace=trace)
+        return 1
+    monkeypatch.setattr("ncclscope.tui.run_tui", fake_tui)
+    assert main(["tui", str(synth), "--workers", "2"]) == 1
+    assert seen["trace"] is not None and "rank directories read 64/64" in capsys.readouterr().err
+    assert run(seen["trace"]).verdict == run(load_any(str(synth))).verdict
+    seen.clear()
+    assert main(["tui", str(synth), "--workers", "0"]) == 1 and seen["trace"] is None   # the app loads it

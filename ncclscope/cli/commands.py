@@ -115,6 +115,16 @@ def cmd_export(ns: argparse.Namespace) -> int:
 
 
 def cmd_tui(ns: argparse.Namespace) -> int:
+    """The TUI loads its input itself, in stages; a large input asked for on an engine (--workers,
+    --scheduler, or its size) is read first, here, with progress lines, and the app opens on that trace."""
     from ncclscope.tui import run_tui
-    return int(run_tui(ns.run, follow=ns.follow, poll_s=ns.poll_s) or 0)
+    trace, used = None, False
+    if not ns.follow:
+        check_fits(ns.run)
+        with engine_for(ns, ns.run, quiet=False) as engine:       # the workers stop before the app starts
+            if engine is not None:
+                used, trace = True, load_input(ns.run, engine)
+        if used and trace is None:
+            return EXIT_UNREADABLE
+    return int(run_tui(ns.run, follow=ns.follow, poll_s=ns.poll_s, trace=trace) or 0)
 

@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("run", help="run directory")
     u.add_argument("--follow", action="store_true", help="follow a job that is still writing its run directory")
     u.add_argument("--poll-s", type=float, default=1.0, help=argparse.SUPPRESS)
+    add_engine_args(u)
     u.set_defaults(func=cmd_tui)
 
     _register_plugins(sub)

@@ -224,14 +224,14 @@ def _has_rank_dirs(path: Path) -> bool:
         return False
 
 
-def run_tui(path: str | Path, follow: bool = False, poll_s: float = 1.0) -> int:
-    """Entry point for `ncclscope tui`; returns the process exit code.
+def run_tui(path: str | Path, follow: bool = False, poll_s: float = 1.0, trace: Any = None) -> int:
+    """Entry point for `ncclscope tui`; returns the process exit code. `trace`: already loaded (the CLI
+    reads a large input on the engine's workers first, with its progress lines, then opens the app on it).
 
     2 (with the one-line error `ncclscope analyze` prints) when the directory
     cannot be read; non-zero when the app dies of an exception."""
     path = Path(path)
-    trace = None
-    if not follow and not _has_rank_dirs(path):
+    if trace is None and not follow and not _has_rank_dirs(path):
         # not a ncclscope run directory: a foreign trace (Flight Recorder, profiler), or nothing readable
         from ncclscope.load.foreign import load_any
         from ncclscope.load.trace import TraceError
