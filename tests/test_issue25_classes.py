@@ -502,3 +502,25 @@ def test_an_exit_past_the_loops_collective_after_the_optimizer_step_is_a_death_n
     d = diagnose(load(Path(__file__).parent / "data" / "randprog" / "rp20261206_171_exit"))
     assert (d.headline.kind, d.headline.ranks) == ("dead_rank", [0]), d.verdict
     assert "os._exit(1)" in d.verdict
+
+
+def test_a_rank_that_died_without_a_dump_is_counted_by_the_default_group_s_all_gather_shapes() -> None:
+    """seed 20261208 #50 (rank 0's gloo dump as written: tests/data/randprog/): 2 ranks, rank 1 calls
+    os._exit(2) and leaves no dump. gloo lists no members, so the world was the highest dump + 1 = one rank,
+    healthy: "OK". Rank 0's all_gathers on the default group record outputs of 2 inputs (fr_world): the
+    world has 2 ranks, and rank 1 is the one that left no dump."""
+    from pathlib import Path
+
+    from ncclscope.load.foreign.flight_recorder import load_flight_recorder
+    from ncclscope.load.foreign.fr_world import gathered_width
+    trace = load_flight_recorder(Path(__file__).parent / "data" / "randprog" / "rp20261208_050_exit_fr")
+    assert trace.world_size == 2 and trace.ranks[1].state == "missing"
+    assert any("all_gather shapes say the world has 2 ranks" in w for w in trace.warnings)
+    from ncclscope.verdict import run
+    a = run(trace)
+    assert a.level != "ok" and a.headline is not None and a.headline.ranks == [1], a.verdict
+    assert a.verdict.startswith("DEAD RANK: rank 1 ")
+    # the shapes rules: a list of W inputs, one stacked [W] + S, one flat W x S; anything else says nothing
+    assert gathered_width([[3]], [[3], [3], [3]]) == 3 and gathered_width([[3]], [[2, 3]]) == 2
+    assert gathered_width([[4, 8]], [[16, 8]]) == 4 and gathered_width([[4]], [[5]]) is None
+    assert gathered_width([[3], [3]], [[6]]) is None

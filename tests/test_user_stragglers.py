@@ -162,3 +162,39 @@ def test_lateness_passed_on_through_a_barrier_is_not_blamed() -> None:
     res = analyze_stragglers(b.build())
     (f,) = warnings_of(res)
     assert f.kind == "straggler" and f.ranks == [1], [x.title for x in res.findings]
+
+
+def test_a_rank_slow_before_a_p2p_exchange_is_named_though_no_collective_shows_it() -> None:
+    """seed 20261208 #39 (its run directory as written: tests/data/randprog/): 2 ranks; rank 0 sleeps 150 ms
+    before the send/recv exchange with rank 1, every step. Rank 1 absorbs the delay in its recv, and both
+    post every collective together, so no collective shows a late arrival: the analysis said OK. The
+    transfers are rendezvous of two (straggler_arrival.with_p2p_pairs): rank 0 posts its send 150 ms late."""
+    from pathlib import Path
+
+    from ncclscope.load.trace import load
+    from ncclscope.verdict import run
+    a = run(load(Path(__file__).parent / "data" / "randprog" / "rp20261208_039_slow"))
+    assert a.level == "warning" and a.headline is not None, a.verdict
+    assert (a.headline.kind, a.headline.ranks) == ("straggler", [0]), a.verdict
+    assert "p2p transfers" in a.verdict
+
+
+def test_p2p_transfers_of_a_pipeline_where_every_send_waits_on_its_own_compute_name_no_straggler() -> None:
+    """The other side of with_p2p_pairs: in a pipeline every stage's send is late against the recv posted
+    for it (it computes first), and so every stage alike; none is late against its peers' median."""
+    n, steps = 4, 8
+    b = TraceBuilder(n, groups={"world": list(range(n))}, group_kinds={"world": "world"})
+    rng = np.random.default_rng(3)
+    seq = 0
+    for step in range(steps):
+        t = 0.2 * step
+        for r in range(n - 1):                       # stage r computes 20 ms, then sends to r+1, which waits
+            send_at = t + 0.020 * (r + 1) + rng.uniform(0, 0.001)
+            b.p2p(r, "send", r + 1, seq=step, start=send_at, end=send_at + 0.0003, step=step)
+            b.p2p(r + 1, "recv", r, seq=step, start=t + 0.020 * r + 0.0001, end=send_at + 0.0003, step=step)
+        seq += 1
+        starts = [t + 0.1 + rng.uniform(0, 0.0005) for _ in range(n)]
+        for r in range(n):
+            b.collective(r, "world", seq, start=starts[r], end=max(starts) + 0.0002, step=step)
+    res = analyze_stragglers(b.build())
+    assert not [f for f in res.findings if f.severity.value == "warning"], [f.title for f in res.findings]

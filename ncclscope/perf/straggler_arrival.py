@@ -242,3 +242,57 @@ def arrival_effect(r: int, lateness: pd.DataFrame, counted: np.ndarray, step_ns:
     return {"effect_ratio": 1.0 + effect / step_ns, "z": z, "noise": max(noise, floor) / step_ns if np.isfinite(noise)
             else float("nan"), "noise_from": noise_from, "late_ms": effect / 1e6, "effect_from": ARRIVAL}
 
+
+
+P2P_GROUP = "p2p"      # the process group the pseudo-instances of p2p transfers are filed under
+
+
+def with_p2p_pairs(ops: pd.DataFrame, pairs: pd.DataFrame, coll: pd.DataFrame, inst: pd.DataFrame
+                   ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(coll, inst) with each matched, finished send/recv pair of a marked step added as an instance of
+    two members (group P2P_GROUP, its send's op name), for the arrival tests.
+
+    Why: a rank that is slow before a p2p transfer makes only its peer wait, in the recv; when the collectives
+    around it are posted in step by both (the delay absorbed by the transfer), no collective shows a late
+    arrival and the straggler is invisible. A transfer is a rendezvous of its two sides like a collective
+    of two: who posted last, and by how much beyond its own gap, reads the same. Pipelines stay quiet: every
+    stage's send waits on its own compute the same way, so no stage is late against its peers' median."""
+    if not len(pairs) or "state" not in pairs.columns:
+        return coll, inst
+    m = pairs[(pairs["state"] == "matched").to_numpy()]
+    ss, rs_ = m["send_step"].to_numpy(dtype=np.float64), m["recv_step"].to_numpy(dtype=np.float64)
+    ok = ((m["send_status"].astype(str) == "ok") & (m["recv_status"].astype(str) == "ok")).to_numpy() \
+        & (ss >= 0) & (ss == rs_)
+    m = m[ok]
+    if not len(m):
+        return coll, inst
+    n = len(m)
+    rank = np.r_[m["src"].to_numpy(), m["dst"].to_numpy()].astype(np.int64)
+    op_id = np.r_[m["send_op_id"].to_numpy(), m["recv_op_id"].to_numpy()].astype(np.int64)
+    start = np.r_[m["send_start_ns"].to_numpy(), m["recv_start_ns"].to_numpy()].astype(np.int64)
+    ends = ops.loc[(ops["kind"] == S.KIND_P2P).to_numpy(), ["rank", "op_id", "end_ns"]]
+    end_of = pd.Series(ends["end_ns"].to_numpy(), index=pd.MultiIndex.from_arrays(
+        [ends["rank"].to_numpy().astype(np.int64), ends["op_id"].to_numpy()]))
+    end_of = end_of[~end_of.index.duplicated(keep=False)]
+    end = end_of.reindex(pd.MultiIndex.from_arrays([rank, op_id])).fillna(-1).to_numpy().astype(np.int64)
+    pair = np.r_[np.arange(n), np.arange(n)]
+    order = np.lexsort((start, pair))               # per pair: the earlier poster first
+    rank, op_id, start, end, pair = rank[order], op_id[order], start[order], end[order], pair[order]
+    first, last = start[0::2], start[1::2]
+    base = len(inst)
+    step = ss[ok].astype(np.int64)
+    add = pd.DataFrame({
+        "process_group": P2P_GROUP, "collective_seq_id": m["seq"].to_numpy().astype(np.int64),
+        "op_name": m["send_op_name"].astype(str).to_numpy(), "step": step, "bytes": 0,
+        "arrived": 2, "first_ns": first, "last_ns": last, "last_rank": rank[1::2], "last_op_id": op_id[1::2],
+        "min_end_ns": np.minimum(end[0::2], end[1::2]), "max_end_ns": np.maximum(end[0::2], end[1::2]),
+        "members": 2})
+    add["complete"] = add["min_end_ns"] >= 0
+    add["skew_ns"] = last - first
+    add["waited_ns"] = last - first
+    add["op_ns"] = np.where(add["complete"], add["max_end_ns"] - add["last_ns"], -1)
+    members = pd.DataFrame({"rank": rank, "step": step[pair], "op_id": op_id,
+                            "late_ns": start - np.repeat(first, 2), "instance": base + pair})
+    inst = pd.concat([inst, add[inst.columns]], ignore_index=True)
+    coll = pd.concat([coll, members[coll.columns]], ignore_index=True)
+    return coll, inst

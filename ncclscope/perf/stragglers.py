@@ -86,7 +86,7 @@ from ncclscope.load.trace import Trace
 from ncclscope.index.views import index_of, release_heap
 from ncclscope.index.labels import rank_label
 from ncclscope.perf.straggler_arrival import (arrival_effect, arrival_lateness, cadence_step_times, loop_steps,
-                                              held_by, pseudo_steps, with_release)
+                                              held_by, pseudo_steps, with_p2p_pairs, with_release, P2P_GROUP)
 from ncclscope.perf.straggler_stats import ARRIVAL, shortfall_text, significance, stats_text
 
 MS = 1e6
@@ -200,6 +200,8 @@ def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, m
     steps_marked = bool(len(inst)) and inst.loc[inst["step"] >= 0, "step"].nunique() >= 2
     if by_arrival and not steps_marked:
         coll, inst = loop_steps(trace.ops, coll, inst) or pseudo_steps(coll, inst)
+    if by_arrival and steps_marked:       # a transfer that absorbed a slow rank's delay (with_p2p_pairs)
+        coll, inst = with_p2p_pairs(trace.ops, index_of(trace).p2p_pairs, coll, inst)
     if by_arrival:
         coll = with_release(trace.ops, coll)
         inst = held_by(coll, inst)
@@ -229,8 +231,10 @@ def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, m
         res.ranks[col] = res.ranks["rank"].map({r: st[col] for r, st in stats.items()}).astype("float64")
     sig = {r for r, st in stats.items() if st["significant"]}
     res.ranks["significant"] = res.ranks["rank"].isin(sig)
+    p2p_in = len(inst) > 0 and bool((inst["process_group"] == P2P_GROUP).any())
+    what = "collectives and p2p transfers" if p2p_in else "collectives"
     for _, row in cand.iterrows():
-        found = _straggler_finding(trace, row, stats[int(row["rank"])], done, n_steps)
+        found = _straggler_finding(trace, row, stats[int(row["rank"])], done, n_steps, what)
         if found is not None:
             res.findings.append(found)
     return res
@@ -312,9 +316,11 @@ def _candidates(ranks: pd.DataFrame, min_saving_frac: float, min_last_frac: floa
                  & (ranks["saving_ns"] >= MIN_SAVING_STEP_NS * n_steps)].head(8)
 
 
-def _straggler_finding(trace: Trace, row: pd.Series, st: dict, done: pd.DataFrame, n_steps: int) -> Finding | None:
+def _straggler_finding(trace: Trace, row: pd.Series, st: dict, done: pd.DataFrame, n_steps: int,
+                       what: str = "collectives") -> Finding | None:
     """The `straggler` finding of one candidate (`row` of the per-rank table, `st` its tests): a warning
-    when significant, else `info` with what it lacks. None without an instance it was last at."""
+    when significant, else `info` with what it lacks. None without an instance it was last at. `what`: the
+    rendezvous counted (collectives, and p2p transfers where with_p2p_pairs added them)."""
     r = int(row["rank"])
     mine = done[done["last_rank"] == r].sort_values("skew_ns", ascending=False).head(5)
     ev = [Evidence(rank=r, note=f"arrived {x['skew_ns'] / MS:.1f} ms after the first of {int(x['members'])} "
@@ -334,10 +340,10 @@ def _straggler_finding(trace: Trace, row: pd.Series, st: dict, done: pd.DataFram
     if st["significant"]:
         sev = "warning"
         title = (f"{rank_label(trace, [r])} is a straggler: last to arrive at {row['last_frac']:.0%} of its "
-                 f"collectives{rtext}; {saving} ({test})")
+                 f"{what}{rtext}; {saving} ({test})")
     else:
         sev = "info"
-        title = (f"{rank_label(trace, [r])} was last to arrive at {row['last_frac']:.0%} of its collectives"
+        title = (f"{rank_label(trace, [r])} was last to arrive at {row['last_frac']:.0%} of its {what}"
                  f"{rtext}, but that is within this run's noise ({test}; {shortfall_text(st)})")
     return Finding(
         "straggler", sev, title,

@@ -59,6 +59,8 @@ from ncclscope.load.foreign.fr_memory import slim_tables
 from ncclscope.load.foreign.fr_read import (SNIFF_BYTES, SUPPORTED_MAJOR, DumpBuffer, call_site, dump_files, format_stack,
                                             rank_from_name, read_dump, sniff)
 from ncclscope.load.foreign.vocab import coded, events_table, parse_ranks
+from ncclscope.load.foreign.fr_world import world_from_shapes
+from ncclscope.ranklists import fmt_ranks
 
 __all__ = ["load_flight_recorder", "sniff", "rank_from_name", "dump_files", "read_dump", "call_site", "format_stack",
            "Entries", "SUPPORTED_MAJOR", "SNIFF_BYTES", "INFERRED_NOTE", "DUMP_MARKER"]
@@ -178,6 +180,13 @@ def _read(root: Path, world_size: int | None, engine: Any = None) -> _Read:
     ents.finish()
     trim()             # the per-dump pieces' heap (~0.25 GB at 2 M entries) goes back before the next stage
     world = _world(files, dumps, world_size, warnings)
+    if not world_size:        # gloo lists no members: the default group's all_gather shapes may say more (fr_world)
+        implied = world_from_shapes(ents, cap=max(8 * len(files), 4096))
+        if implied is not None and implied > world:
+            warnings.append(f"the default group's all_gather shapes say the world has {implied} ranks; the dumps "
+                            f"end at rank {world - 1}, so rank(s) {fmt_ranks(list(range(world, implied)))} "
+                            "left no dump")
+            world = implied
     return _Read(root, files, dumps, versions, ents, world, warnings)
 
 

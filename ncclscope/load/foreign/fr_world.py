@@ -1,0 +1,93 @@
+"""The world's size from the shapes a Flight Recorder dump recorded, where no dump lists the members.
+
+Why: gloo's dumps leave `pg_config` empty, so the world was the highest rank with a dump + 1. A rank that
+died without dumping (os._exit, a kill, a crash before the dump) is then simply not there when it is the
+highest: two ranks, rank 1 exits, rank 0's dump alone reads as a healthy world of one, and the analysis
+said OK. But an all_gather on the default group records its output next to its input, and the output holds
+one input per member: the shapes say how many ranks the world has, whoever dumped.
+
+Rules (the same as hang/shape_rules.py applies per op, here read the other way): one input shape S; an
+output of W shapes equal to S, or one shape [W] + S (stacked), or one flat shape whose first dimension is
+W times S's (all_gather_into_tensor). Only the default group's entries (pg name "0" or description
+default_pg) count, every distinct (op, input, output) once, and the answer must be one W for all of them.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import numpy as np
+
+from ncclscope.load.foreign.fr_entries import Entries
+
+_GATHERS = ("all_gather", "allgather", "_allgather_base", "all_gather_into_tensor")
+
+
+def _shapes(text: str) -> list[list[int]] | None:
+    try:
+        v = json.loads(text)
+    except (ValueError, TypeError):
+        return None
+    if not isinstance(v, list) or not all(isinstance(s, list) and all(isinstance(d, int) for d in s) for s in v):
+        return None
+    return v
+
+
+def gathered_width(inp: list[list[int]], out: list[list[int]]) -> int | None:
+    """W, the number of members an all_gather's shapes imply (module docstring), or None."""
+    if len(inp) != 1:
+        return None
+    s = inp[0]
+    if len(out) > 1 and all(o == s for o in out):
+        return len(out)
+    if len(out) == 1:
+        o = out[0]
+        if len(o) == len(s) + 1 and o[1:] == s:
+            return o[0]
+        if s and len(o) == len(s) and o[1:] == s[1:] and s[0] > 0 and o[0] % s[0] == 0:
+            return o[0] // s[0]
+    return None
+
+
+def group_widths(ents: Entries, cap: int) -> dict[str, int]:
+    """pg name -> its size by its all_gather shapes, for each group whose shapes agree on one value in
+    [2, cap] (module docstring). Only the default group's is used (world_from_shapes): putting ranks that
+    left no dump into another rebuilt group would make every instance of it lack them, and gloo's inferred
+    completion (a collective every member entered) then leaves all of its ops unfinished."""
+    if not getattr(ents, "n", 0) or not hasattr(ents, "out_size_code"):
+        return {}
+    gathers = [i for i, p in enumerate(ents.pnames) if str(p).rsplit(":", 1)[-1].lower() in _GATHERS]
+    if not gathers:
+        return {}
+    sel = np.isin(ents.pn_code, gathers)
+    if not sel.any():
+        return {}
+    combos = set(zip(ents.pg_code[sel].tolist(), ents.size_code[sel].tolist(), ents.out_size_code[sel].tolist()))
+    widths: dict[int, set[int]] = {}
+    for pg, si, oi in combos:
+        inp, out = _shapes(ents.size_texts[si]), _shapes(ents.out_size_texts[oi])
+        w = gathered_width(inp, out) if inp is not None and out is not None else None
+        if w is not None:
+            widths.setdefault(pg, set()).add(w)
+    return {str(ents.pg_names[pg]): next(iter(ws)) for pg, ws in widths.items()
+            if len(ws) == 1 and 2 <= next(iter(ws)) <= cap}
+
+
+def world_from_shapes(ents: Entries, cap: int) -> int | None:
+    """The default group's size by its all_gather shapes (pg name "0" or description default_pg), or None."""
+    widths = group_widths(ents, cap)
+    if not widths:
+        return None
+    descs = dict(zip(map(str, ents.pg_names), _descs_of(ents)))
+    found = {w for name, w in widths.items()
+             if descs.get(name) == "default_pg" or (name == "0" and descs.get(name) in ("", "undefined"))}
+    return found.pop() if len(found) == 1 else None
+
+
+def _descs_of(ents: Entries) -> list[Any]:
+    """Each pg name's description (its first entry's), aligned with ents.pg_names."""
+    out: list[Any] = [""] * len(ents.pg_names)
+    codes, first = np.unique(ents.pg_code, return_index=True)
+    for pg, i in zip(codes.tolist(), first.tolist()):
+        out[pg] = ents.descs[int(ents.desc_code[i])]
+    return out
