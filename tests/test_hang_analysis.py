@@ -330,6 +330,21 @@ def test_groups_of_one_kind_must_be_disjoint_and_cover_the_world():
     assert got == [("error", "dp", "overlap", [2]), ("warning", "tp", "coverage", [2, 3])]
 
 
+def test_two_mesh_dimensions_of_one_kind_overlap_by_design():
+    """seed 20261208 #36 (healthy, FR dumps alone): a 2 x 4 mesh ("dp", "fsdp") makes groups mesh_dp:N and
+    mesh_fsdp:N; both read as data parallel, and every rank is in one of each: that is HSDP, not two dp
+    groups sharing a rank. Groups of one dimension still may not overlap."""
+    groups = {"world": list(range(8)), "mesh_dp:1": [0, 4], "mesh_dp:2": [1, 5], "mesh_dp:3": [2, 6],
+              "mesh_dp:4": [3, 7], "mesh_fsdp:5": [0, 1, 2, 3], "mesh_fsdp:6": [4, 5, 6, 7]}
+    kinds = {"world": "world", **{g: "dp" for g in groups if g != "world"}}
+    rep = analyze_groups(TraceBuilder(8, groups=groups, group_kinds=kinds).build())
+    assert not [f for f in rep.findings if f.data.get("check") in ("overlap", "coverage")], \
+        [f.title for f in rep.findings]
+    bad = dict(groups, **{"mesh_fsdp:6": [3, 4, 5, 6, 7]})           # rank 3 in two fsdp slices
+    rep = analyze_groups(TraceBuilder(8, groups=bad, group_kinds=kinds).build())
+    assert [(f.data["check"], f.ranks) for f in rep.findings if f.data.get("check") == "overlap"] == [("overlap", [3])]
+
+
 # ---------------------------------------------------------------------------
 # P2P
 # ---------------------------------------------------------------------------

@@ -24,6 +24,8 @@ Membership, kinds and the missing participants come from the index
 """
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 
@@ -185,8 +187,16 @@ def _view_finding(trace: Trace, attr: str, odd: list[int], names: list[str], sub
                    cause=Cause(ambiguous=tie, deviant_ranks=tuple(odd)))
 
 
+def _dimension(name: str, kind: str) -> str:
+    """The mesh dimension a group is a slice of: its kind, and its name without the instance number
+    ("dp0" -> dp, "mesh_dp:1" -> mesh_dp). Two dimensions may share a kind (HSDP's mesh_dp and mesh_fsdp,
+    torchtitan's dp_replicate and dp_shard: both data parallel) and overlap by design."""
+    base = re.sub(r"[:_\-]?\d+$", "", name.split("[", 1)[0]).rstrip(":_-")
+    return f"{kind}/{base}" if base and not base.isdigit() else kind
+
+
 def check_orthogonality(source: IndexLike) -> list[Finding]:
-    """Groups of one kind must be disjoint slices that together cover the world."""
+    """Groups of one mesh dimension must be disjoint slices that together cover the world."""
     ix = as_index(source)
     if not ix.recorded:
         return []
@@ -194,16 +204,19 @@ def check_orthogonality(source: IndexLike) -> list[Finding]:
     names = list(members)
     sizes = np.fromiter((len(members[n]) for n in names), dtype=np.int64, count=len(names))
     flat = np.fromiter((r for n in names for r in members[n]), dtype=np.int64, count=int(sizes.sum()))
-    long = pd.DataFrame({"kind": np.repeat(np.array([str(kinds.get(n, "custom")) for n in names], dtype=object), sizes),
+    kind_of = [str(kinds.get(n, "custom")) for n in names]
+    long = pd.DataFrame({"kind": np.repeat(np.array(kind_of, dtype=object), sizes),
+                         "dim": np.repeat(np.array([_dimension(n, k) for n, k in zip(names, kind_of)], dtype=object),
+                                          sizes),
                          "process_group": np.repeat(np.array(names, dtype=object), sizes), "rank": flat})
     long = long[~long["kind"].isin(NOT_ORTHOGONAL_KINDS) & ~long["kind"].str.startswith(INFERRED_PREFIX)]
     findings: list[Finding] = []
     world = set(range(trace.world_size))
-    count = long.groupby(["kind", "rank"])["process_group"].nunique()
+    count = long.groupby(["kind", "dim", "rank"])["process_group"].nunique()
     overl = count[count > 1].reset_index()
-    for kind, sub in overl.groupby("kind", sort=True):
+    for (kind, dim), sub in overl.groupby(["kind", "dim"], sort=True):
         ranks = sorted(int(r) for r in sub["rank"])
-        gs = long[(long["kind"] == kind) & long["rank"].isin(ranks)]["process_group"].unique()
+        gs = long[(long["dim"] == dim) & long["rank"].isin(ranks)]["process_group"].unique()
         labels = ", ".join(group_label(str(g), members[str(g)]) for g in sorted(gs)[:4])
         ev = [Evidence(rank=r, note=f"member of more than one {kind} group", process_group=str(gs[0]))
               for r in ranks[:16]]
@@ -212,7 +225,7 @@ def check_orthogonality(source: IndexLike) -> list[Finding]:
             title=f"{rank_label(trace, ranks)} belong{'s' if len(ranks) == 1 else ''} to more than one "
                   f"{kind} group ({labels}): {kind} groups must be disjoint slices of the mesh",
             ranks=ranks, evidence=ev, data={"group_kind": str(kind), "check": "overlap"}))
-    for kind, sub in long.groupby("kind", sort=True):
+    for (kind, _), sub in long.groupby(["kind", "dim"], sort=True):
         missing = sorted(world - set(sub["rank"].astype(int)))
         if not missing or len(missing) == len(world):
             continue
