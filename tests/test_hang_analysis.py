@@ -146,7 +146,8 @@ def test_chain_ends_at_a_rank_stuck_in_compute():
     h = headline(d)
     assert (h.kind, h.ranks) == ("stuck_in_compute", [2])
     assert d.verdict == ("STUCK IN COMPUTE: rank 2 has been in backward for 8.0 s (step 7) and never posted "
-                         "all_reduce #2 on dp0[0-3]; ranks 0,1,3 waiting since 7.0 s in all_reduce #2 on dp0[0-3]")
+                         "all_reduce #2 on dp0[0-3]; ranks 0,1,3 waiting since 7.0 s in all_reduce #2 on dp0[0-3] "
+                         "at train.py:10")
     stack = h.stack
     assert "backward_hook" in stack and "threading.py" not in stack
     assert kinds(d) == [("stuck_in_compute", [2])]
@@ -222,7 +223,7 @@ def test_rank_that_skipped_a_collective_is_the_root_not_the_ranks_that_timed_out
     assert (h.kind, h.ranks) == ("hang", [3])
     assert d.verdict == ("HANG: rank 3 never posted all_reduce #5 on dp0[0-3] (3 of 4 members did) and went on "
                          "to all_reduce #1 on tp1[2,3] at train.py:60 (the others post it at train.py:50); ranks 0-2 waiting "
-                         "since 5.0 s in all_reduce #5 on dp0[0-3]")
+                         "since 5.0 s in all_reduce #5 on dp0[0-3] at train.py:50")
     assert h.data["skipped"] == ["dp0", 5]
     assert kinds(d) == [("hang", [3])]
     missing = [f for f in d.findings if f.data.get("missing_participant") and f.ranks == [3]]
@@ -246,7 +247,7 @@ def test_rank_that_exited_normally_while_others_wait_is_the_root():
     h = headline(d)
     assert (h.kind, h.ranks) == ("hang", [1])
     assert d.verdict == ("HANG: rank 1 finished (exit 0) without posting all_reduce #3 on dp0[0,1] (the others "
-                         "post it at train.py:10); rank 0 waiting since 7.0 s in all_reduce #3 on dp0[0,1]")
+                         "post it at train.py:10); rank 0 waiting since 7.0 s in all_reduce #3 on dp0[0,1] at train.py:10")
 
 
 def test_missing_rank_directory_is_the_dead_rank_peers_wait_on():
@@ -263,7 +264,7 @@ def test_missing_rank_directory_is_the_dead_rank_peers_wait_on():
     h = headline(d)
     assert (h.kind, h.ranks) == ("dead_rank", [3])
     assert d.verdict.startswith("DEAD RANK: rank 3 left no trace directory")
-    assert d.verdict.endswith("ranks 0-2 waiting since 8.0 s in all_reduce #2 on dp0[0-3]")
+    assert d.verdict.endswith("ranks 0-2 waiting since 8.0 s in all_reduce #2 on dp0[0-3] at train.py:10")
 
 
 def test_a_lost_node_is_one_dead_rank_finding_not_eight():
@@ -278,7 +279,7 @@ def test_a_lost_node_is_one_dead_rank_finding_not_eight():
     d = diagnose(b.build())
     assert kinds(d) == [("dead_rank", list(range(8, 16)))]
     assert d.verdict == ("DEAD RANK: ranks 8-15 are dead (first: rank 8 was killed (SIGKILL) at step 0); "
-                         "ranks 0-7 waiting since 5.0 s in all_reduce #2 on world[0-15]")
+                         "ranks 0-7 waiting since 5.0 s in all_reduce #2 on world[0-15] at train.py:10")
 
 
 def test_heartbeats_that_stop_early_mark_a_rank_dead_even_without_an_exit_code():

@@ -141,6 +141,10 @@ def waiting_summary(ctx: WaitContext, waiters: set[int], roots: Iterable[int]) -
     text = f"{rank_label(ctx.trace, waiters)} waiting" + since(ctx.end, start)
     n_direct = int(direct["waiter"].nunique())
     where = ", ".join(ops[:2]) + (f" and {len(ops) - 2} more ops" if len(ops) > 2 else "")
+    if len(ops) == 1 and "call_site" in b.columns:   # the line they wait at: in SPMD code, the line the root missed
+        sites = {str(x) for x in b.loc[b["rank"].isin(direct["waiter"]), "call_site"].astype(str)} - {"", "nan"}
+        if len(sites) == 1:
+            where += f" at {sites.pop()}"
     if ops and 2 * n_direct < len(waiters):
         # Most wait behind the direct waiters (a world barrier behind one group): say both.
         rest = b[~b["rank"].isin(direct["waiter"])].drop_duplicates("rank")
