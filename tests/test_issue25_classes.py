@@ -524,3 +524,18 @@ def test_a_rank_that_died_without_a_dump_is_counted_by_the_default_group_s_all_g
     assert gathered_width([[3]], [[3], [3], [3]]) == 3 and gathered_width([[3]], [[2, 3]]) == 2
     assert gathered_width([[4, 8]], [[16, 8]]) == 4 and gathered_width([[4]], [[5]]) is None
     assert gathered_width([[3], [3]], [[6]]) is None
+
+
+def test_one_line_that_issues_several_different_collectives_is_one_call_not_a_loop() -> None:
+    """seed 20261208 #122 (rank 0's gloo dump as written): `mlp = DDP(mlp)` issues an all_gather and two
+    broadcasts, every one from the user's line 28. Numbered as iterations of one call, the all_gather read as
+    deviating from "its own other iterations" (broadcasts) and the verdict blamed rank 0; rank 1 raised
+    KeyError and left no dump. A run of calls from one line, of more than one op, is one statement."""
+    from pathlib import Path
+
+    from ncclscope.load.foreign.flight_recorder import load_flight_recorder
+    from ncclscope.verdict import run
+    a = run(load_flight_recorder(Path(__file__).parent / "data" / "randprog" / "rp20261208_122_exception_fr"))
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("dead_rank", [1]), a.verdict
+    assert not [f for f in a.findings if f.kind == "collective_mismatch" and 0 in f.ranks], \
+        [f.title for f in a.findings]

@@ -303,7 +303,8 @@ def _candidate_rows(coll: pd.DataFrame, inst: pd.DataFrame, dev: pd.DataFrame) -
 def _reference_pool(coll: pd.DataFrame, x: pd.DataFrame, kinds: dict[str, str]) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(every call from the candidates' call sites in a step, with its group kind and `ord`: the n-th call
     from that site on that group in that step; the candidates with their own `ord` and kind)."""
-    pool = coll[coll["call_site"].isin(x["call_site"].unique()).to_numpy()]
+    at_site = coll["call_site"].isin(x["call_site"].unique()).to_numpy()
+    pool = coll[at_site].assign(run=_statement_runs(coll)[at_site])
     names = pool["process_group"].unique()
     kind_map = {n: kinds.get(n) or n.rstrip("0123456789") or n for n in names}
     pool = pool.assign(kind=pool["process_group"].map(kind_map))
@@ -311,14 +312,31 @@ def _reference_pool(coll: pd.DataFrame, x: pd.DataFrame, kinds: dict[str, str]) 
     # A call outside any marked step (a plain script marks none), or from a line whose every call falls in
     # one step (a loop with no optimizer step in it: the tracer's step never advances), is its own
     # iteration: the n-th call from its line on its group, numbered below -1 so it never meets a step's.
+    # One statement that issues several different collectives (DDP's constructor: an all_gather and
+    # broadcasts, all from the user's one line) is one call, not iterations: a run of calls from one line with
+    # no other line's call between them, of more than one op, is one such iteration, its calls in order.
     by_site = pool.groupby(["rank", "process_group", "call_site"], sort=False)
     nth = by_site.cumcount().to_numpy()
+    mixed = (pool.groupby("run", sort=False)["op_name"].transform("nunique") > 1).to_numpy()
+    nth_run = pool.groupby(["rank", "process_group", "call_site"], sort=False)["run"].rank(method="dense")
+    nth = np.where(mixed, nth_run.to_numpy(dtype=np.int64) - 1 + (1 << 40), nth)   # its own numbering
     one_step = (by_site["step"].transform("nunique") == 1).to_numpy()
     step = pool["step"].to_numpy()
     pool["step"] = np.where((step >= 0) & ~one_step, step, -2 - nth)
     pool = pool.sort_values(["rank", "process_group", "call_site", "step", "collective_seq_id"], kind="stable")
     pool["ord"] = pool.groupby(["rank", "process_group", "call_site", "step"], sort=False).cumcount()
     return pool, x.drop(columns="step").merge(pool[["rank", "op_id", "ord", "kind", "step"]], on=["rank", "op_id"])
+
+
+def _statement_runs(coll: pd.DataFrame) -> np.ndarray:
+    """Per row of `coll` (sorted by rank, then issue order): the number of its run, a maximal stretch of one
+    rank's calls from one call site with no other site's call between them."""
+    if not len(coll):
+        return np.zeros(0, np.int64)
+    rank = coll["rank"].to_numpy()
+    site = pd.factorize(coll["call_site"])[0]
+    new = np.r_[True, (rank[1:] != rank[:-1]) | (site[1:] != site[:-1])]
+    return np.cumsum(new)
 
 
 _ROOT = re.compile(r"root (-?\d+)")
