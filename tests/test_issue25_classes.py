@@ -539,3 +539,17 @@ def test_one_line_that_issues_several_different_collectives_is_one_call_not_a_lo
     assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("dead_rank", [1]), a.verdict
     assert not [f for f in a.findings if f.kind == "collective_mismatch" and 0 in f.ranks], \
         [f.title for f in a.findings]
+
+
+def test_a_rebuilt_group_takes_back_the_rank_without_a_dump_when_its_all_gather_shapes_say_so() -> None:
+    """gloo lists no members, so a group is rebuilt from the ranks whose dumps used it. seed 20261208 #141:
+    group 5 = [4, 5], rank 4 left no dump, so it read as [5] alone and every collective on it complete.
+    Its all_gathers' outputs hold 2 inputs: the one rank of the world without a dump is its other member.
+    With two ranks missing and one seat free, nothing is guessed."""
+    from ncclscope.load.foreign.fr_fixups import group_members
+    dumps = {r: {} for r in (0, 1, 2, 3, 5)}
+    got = group_members([5, 0], ["5", "0"], ["undefined", "default_pg"], dumps, 6, [], {"5": 2})
+    assert got == [(4, 5), tuple(range(6))]
+    dumps = {r: {} for r in (0, 1, 2, 5)}
+    got = group_members([5], ["5"], ["undefined"], dumps, 6, [], {"5": 2})
+    assert got == [(5,)]

@@ -27,6 +27,7 @@ from ncclscope.load.foreign.fr_coalesced import MARKER_SIZES, block_op, block_te
 from ncclscope.load.foreign.fr_fixups import (any_source_peers, group_members, infer_gloo, p2p_sequences,
                                               parse_profiling_name, peer_of)
 from ncclscope.load.foreign.fr_read import factorize_texts, with_output
+from ncclscope.load.foreign.fr_world import group_widths
 from ncclscope.load.foreign.vocab import P2P_OPS, GroupNamer, parse_ranks
 
 _SIZES_MAY_DIFFER = frozenset({"all_to_all", "all_to_all_single", "alltoall", "alltoall_base", "alltoallv", "scatter",
@@ -93,7 +94,9 @@ class FixedUp:
         self.pair_rank = (self.pair_uniq // n_pg).astype(int).tolist()
         self.pair_pg = [ents.pg_names[i] for i in (self.pair_uniq % n_pg)]
         pair_desc = [ents.descs[i] for i in ents.desc_code[first]]
-        self.pair_members = pm = group_members(self.pair_rank, self.pair_pg, pair_desc, dumps, world, self.warnings)
+        widths = group_widths(ents, cap=max(world, 2))         # a group's size by its all_gather shapes
+        self.pair_members = pm = group_members(self.pair_rank, self.pair_pg, pair_desc, dumps, world, self.warnings,
+                                               widths)
         if not world_size:      # a group completed with a rank that left no dump (fr_fixups.complete_groups)
             world = max([world] + [max(m) + 1 for m in pm if m])
         namer = GroupNamer(zip(self.pair_pg, pair_desc, pm))

@@ -27,10 +27,12 @@ from ncclscope.load.foreign.vocab import normalize_op, parse_ranks
 # Groups
 # --------------------------------------------------------------------------
 def group_members(pair_rank: list[int], pair_pg: list[str], pair_desc: list[str], dumps: dict[int, dict[str, Any]],
-                   world: int, warnings: list[str]) -> list[tuple[int, ...]]:
+                   world: int, warnings: list[str], widths: dict[str, int] | None = None) -> list[tuple[int, ...]]:
     """Members of each distinct (rank, pg_name): from pg_config where it lists them
     (this rank's view, else the view most ranks wrote), else rebuilt from the
-    entries (default_pg = the world, any other group = the ranks that used it)."""
+    entries (default_pg = the world, any other group = the ranks that used it, completed from the mesh
+    (`complete_groups`) or, where its all_gather shapes give its size (`widths`, fr_world.group_widths) and
+    exactly that many ranks of the world left no dump, with those ranks)."""
     config: dict[tuple[int, str], tuple[int, ...]] = {}
     votes: dict[str, dict[tuple[int, ...], int]] = {}
     for rank, dump in dumps.items():
@@ -52,6 +54,11 @@ def group_members(pair_rank: list[int], pair_pg: list[str], pair_desc: list[str]
     rebuilt = {pg: u for pg, u in users.items() if pg not in votes
                and not (desc_of[pg] == "default_pg" or (pg == "0" and desc_of[pg] in ("", "undefined")))}
     completed = complete_groups(rebuilt, set(dumps), world)
+    absent = set(range(world)) - set(dumps)
+    for pg, u in rebuilt.items():
+        w = (widths or {}).get(pg, 0)
+        if pg not in completed and absent and w - len(u) == len(absent):
+            completed[pg] = tuple(sorted(u | absent))
     world = max([world] + [max(m) + 1 for m in completed.values()])
     out: list[tuple[int, ...]] = []
     reconstructed = set()

@@ -51,9 +51,10 @@ def gathered_width(inp: list[list[int]], out: list[list[int]]) -> int | None:
 
 def group_widths(ents: Entries, cap: int) -> dict[str, int]:
     """pg name -> its size by its all_gather shapes, for each group whose shapes agree on one value in
-    [2, cap] (module docstring). Only the default group's is used (world_from_shapes): putting ranks that
-    left no dump into another rebuilt group would make every instance of it lack them, and gloo's inferred
-    completion (a collective every member entered) then leaves all of its ops unfinished."""
+    [2, cap] (module docstring): the default group's gives the world (world_from_shapes); another group
+    rebuilt from its users takes back the ranks that left no dump when exactly that many are missing from it
+    (fr_fixups.group_members), so gloo's inferred completion (a collective every member entered) no longer
+    counts a collective the dead member never entered as done."""
     if not getattr(ents, "n", 0) or not hasattr(ents, "out_size_code"):
         return {}
     gathers = [i for i, p in enumerate(ents.pnames) if str(p).rsplit(":", 1)[-1].lower() in _GATHERS]
