@@ -553,3 +553,18 @@ def test_a_rebuilt_group_takes_back_the_rank_without_a_dump_when_its_all_gather_
     dumps = {r: {} for r in (0, 1, 2, 5)}
     got = group_members([5], ["5"], ["undefined"], dumps, 6, [], {"5": 2})
     assert got == [(5,)]
+
+
+def test_a_send_to_another_peer_from_the_line_whose_earlier_calls_all_went_to_one_peer_is_the_deviation() -> None:
+    """seed 20261208 #174 (its run directory as written): a 3-rank ring, each rank isends to r+1 and
+    irecvs from r-1 at one line; in its second iteration rank 1 isends to rank 0. Rank 2 waits in its irecv
+    from 1, rank 0 never posts a recv from 1, and rank 0 and 1 deadlock through the next broadcast. One
+    iteration before the break is too few for the loop's period, so the cycle was the verdict; the line's
+    own earlier call (to rank 2) says rank 1 changed peer (p2p.with_peer_change)."""
+    from pathlib import Path
+
+    from ncclscope.load.trace import load
+    d = diagnose(load(Path(__file__).parent / "data" / "randprog" / "rp20261208_174_wrong_peer"))
+    assert (d.headline.kind, d.headline.ranks) == ("unmatched_p2p", [1]), d.verdict
+    assert "posted isend to rank 0" in d.verdict and "went to rank 2" in d.verdict
+    assert d.headline.cause.departure is not None

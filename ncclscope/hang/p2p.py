@@ -195,10 +195,10 @@ def with_departure(ix: TraceIndex, f: Finding) -> Finding:
     if virtual:                                # no step numbers: the loop's repetitions stand in for steps
         it = loop_iterations(ix, r, q)
         if it is None:
-            return f
+            return with_peer_change(ix, f)
         got, ref, s = it
     elif s < 1:
-        return f
+        return with_peer_change(ix, f)
     else:
         got, ref = step_tokens(ix, r, s), step_tokens(ix, r, s - 1)
         mine, mine_ref = step_tokens(ix, q, s), step_tokens(ix, q, s - 1)
@@ -233,3 +233,42 @@ def with_departure(ix: TraceIndex, f: Finding) -> Finding:
                     basis=CauseBasis.LOOP if virtual else CauseBasis.STEP)
     return replace(f, title=title, data={**d, "call_site": want[0]}, cause=replace(f.cause, departure=dep),
                    involved=sorted({r, q}))
+
+
+def with_peer_change(ix: TraceIndex, f: Finding) -> Finding:
+    """`f` (unmatched_p2p) with `cause.departure` when the absent rank's last op of that direction went to
+    another peer from the very line whose every earlier call went to the poster, and never finished.
+
+    Why: a ring or pipeline exchange that breaks in its second iteration leaves one iteration to compare
+    with, too few for the loop's period (repetition.py); but the line is the call: rank 1's isend at
+    train.py:34 went to rank 2 in each earlier call and to rank 0 now, rank 2 waits in its irecv from 1,
+    and rank 0 never posts a recv from 1. Rank 1 sent to the wrong peer: the first deviation, the deadlock
+    between the others its consequence. Silent when the line's earlier calls had more than one peer (a line
+    that rotates its peers by design) or when the changed op finished."""
+    d = f.data
+    r, q = int(f.cause.absent), int(f.cause.poster)
+    other = "recv" if d["side"] == "send" else "send"
+    p = ix.p2p
+    mine = p[(p["rank"].to_numpy() == r) & (p["direction"].astype(str).to_numpy() == other)]
+    if len(mine) < 2:
+        return f
+    mine = mine.sort_values(["start_ns", "op_id"], kind="stable")
+    last = mine.iloc[-1]
+    site, peer = str(last["call_site"]), int(last["peer"])
+    before = mine.iloc[:-1]
+    before = before[before["call_site"].astype(str).to_numpy() == site]
+    if peer == q or not site or not len(before) or not (before["peer"].to_numpy() == q).all():
+        return f
+    if str(last["status"]) == S.STATUS_OK:
+        return f
+    prep = "to" if other == "send" else "from"
+    went = f"{last['op_name']} {prep} rank {peer}"
+    calls = "its earlier call" if len(before) == 1 else f"each of its {len(before)} earlier calls"
+    title = (f"{rank_label(ix.trace, [r])} posted {went} at {site}, where {calls} from that line went {prep} "
+             f"rank {q}; so rank {q}'s "
+             f"{d.get('op_name', d['side'])} #{int(d['seq'])} (tag {int(d['tag'])}) "
+             f"{'to' if other == 'recv' else 'from'} it is never matched")
+    dep = Departure(step=int(last["step"]), call_site=site, went_site=site, went_op=went, position=-1,
+                    basis=CauseBasis.HISTORY)
+    return replace(f, title=title, data={**d, "call_site": site}, cause=replace(f.cause, departure=dep),
+                   involved=sorted({r, q, peer}))
