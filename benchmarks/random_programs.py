@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from randprog.catalogue import BUG_NAMES, CATALOGUE, HEALTHY  # noqa: E402
-from randprog.generator import generate  # noqa: E402
+from randprog.generator import Truth, generate  # noqa: E402
 from randprog.runner import analyze, run_job  # noqa: E402
 from randprog.scorer import judge  # noqa: E402
 
@@ -82,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1,
                     help="programs run at once (a hung job mostly waits on its timeout; 2 on 2 cores)")
     ap.add_argument("--dry-run", action="store_true", help="write the programs and their truth; run nothing")
+    ap.add_argument("--rejudge", default="", metavar="OUT",
+                    help="analyze the kept misses of an earlier run (OUT/misses) again with this code and print "
+                         "its table with them rescored; the other programs keep their recorded scores")
     ns = ap.parse_args(argv)
+    if ns.rejudge:
+        return rejudge(Path(ns.rejudge))
     only = [c for c in ns.only.split(",") if c]
     bad = [c for c in only if c not in CATALOGUE and c != HEALTHY]
     if bad:
@@ -123,6 +128,37 @@ def main(argv: list[str] | None = None) -> int:
     print(report)
     (out / "summary.txt").write_text(report + "\n")
     log(f"randprog: {len(results)} programs in {time.monotonic() - t_all:.0f} s; misses under {out / 'misses'}")
+    return 0
+
+
+def rejudge(out: Path) -> int:
+    """Rescore an earlier run's kept misses with the code here (their jobs are not run again): each
+    OUT/misses/NAME holds the program, truth.json and the run and dump directories it wrote."""
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
+    seed = rows[0]["name"].split("_")[0][2:] if rows else "?"
+    changed = 0
+    for row in rows:
+        d = out / "misses" / row["name"]
+        if not (d / "truth.json").exists():
+            continue
+        t = Truth(**json.loads((d / "truth.json").read_text()))
+        for src in SOURCES:
+            path = d / src
+            if not path.exists() or row[src].get("na") or row[src].get("no_dumps"):
+                continue
+            rc, rep = analyze(path, d / f"rejudged_{src}.json")
+            if src == "fr" and rc == 2 and EMPTY_DUMPS in str(rep.get("no_json", "")):
+                row[src] = {"source": src, "right": True, "root": True, "cause": True, "line": None, "na": True,
+                            "kind": "", "ranks": [], "verdict": "(n/a: the dumps hold no entries; exit 2)"}
+            else:
+                row[src] = judge(t, f"{row['name']}.py", rc, rep, src, row.get("fr_left_out"))
+        was = row.get("miss")
+        row["miss"] = not row["silent"] and not row["healthy_job_failed"] and not all(row[s]["right"] for s in SOURCES)
+        changed += was != row["miss"]
+        log(f"rejudged {row_line(row)}")
+    rows.sort(key=lambda r: r["name"])
+    print(table(rows, int(seed) if seed.isdigit() else 0))
+    log(f"randprog: {changed} of the kept misses changed their score on this code")
     return 0
 
 
