@@ -36,71 +36,54 @@ def _merge_all(root: str, chunks: list) -> int:
     return loader.events.rows
 
 
+def _measure(out: dict, root: str, stage, gather) -> None:
+    """out["stage_s"]: stage() (the chunks read where the engine keeps them); out["gather_merge_s"]: that plus
+    gather() (the chunks, now on the driver) and the merge; out["rows"]: the chunks' event rows."""
+    t1 = time.perf_counter()
+    stage()
+    out["stage_s"] = time.perf_counter() - t1
+    t2 = time.perf_counter()
+    res = gather()
+    out["rows"] = sum(r.rows for r in res)
+    _merge_all(root, res)
+    out["gather_merge_s"] = out["stage_s"] + time.perf_counter() - t2
+
+
 def child(engine: str, root: str, workers: int, size: int) -> dict:
     from ncclscope.engine.rank_chunks import read_chunk
     chunks = _chunks(root, size)
     out: dict = {"engine": engine}
     t0 = time.perf_counter()
+    held: list = []
     if engine == "inprocess":
-        res = [read_chunk(root, c) for c in chunks]
-        out["stage_s"] = time.perf_counter() - t0
-        out["rows"] = sum(r.rows for r in res)
-        t1 = time.perf_counter()
-        _merge_all(root, res)
-        out["gather_merge_s"] = out["stage_s"] + time.perf_counter() - t1
-    elif engine == "dask":
-        from dask.distributed import Client, LocalCluster
-        cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
-        client = Client(cluster)
-        out["startup_s"] = time.perf_counter() - t0
-        t1 = time.perf_counter()
-        futs = client.map(read_chunk, [root] * len(chunks), chunks, pure=False)
-        rows = client.gather(client.map(lambda c: c.rows, futs))
-        out["stage_s"] = time.perf_counter() - t1
-        out["rows"] = sum(rows)
-        t2 = time.perf_counter()
-        res = client.gather(futs)
-        _merge_all(root, res)
-        out["gather_merge_s"] = out["stage_s"] + time.perf_counter() - t2
-        client.close()
-        cluster.close()
-    elif engine == "dask-files":
+        _measure(out, root, lambda: held.extend(read_chunk(root, c) for c in chunks), lambda: held)
+    elif engine in ("dask", "dask-files"):
         import tempfile
-        from dask.distributed import Client, LocalCluster
+        from dask.distributed import Client, LocalCluster, wait
         from ncclscope.engine.cluster import load_result, run_to_file
         from ncclscope.engine.rank_chunks import RankChunk
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
         client = Client(cluster)
         out["startup_s"] = time.perf_counter() - t0
         with tempfile.TemporaryDirectory(dir=os.environ.get("NCCLSCOPE_SCRATCH")) as scratch:
-            t1 = time.perf_counter()
-            futs = [client.submit(run_to_file, read_chunk, f"{scratch}/chunk-{i}.pkl", root, c, pure=False)
-                    for i, c in enumerate(chunks)]
-            paths = client.gather(futs)
-            out["stage_s"] = time.perf_counter() - t1
-            t2 = time.perf_counter()
-            res = [load_result(p, RankChunk) for p in paths]
-            out["rows"] = sum(r.rows for r in res)
-            _merge_all(root, res)
-            out["gather_merge_s"] = out["stage_s"] + time.perf_counter() - t2
+            if engine == "dask":          # results kept by the workers, then through Dask's comm
+                futs = client.map(read_chunk, [root] * len(chunks), chunks, pure=False)
+                _measure(out, root, lambda: wait(futs), lambda: client.gather(futs))
+            else:                         # results as files in a scratch directory, only their paths through Dask
+                futs = [client.submit(run_to_file, read_chunk, f"{scratch}/chunk-{i}.pkl", root, c, pure=False)
+                        for i, c in enumerate(chunks)]
+                _measure(out, root, lambda: held.extend(client.gather(futs)),
+                         lambda: [load_result(p, RankChunk) for p in held])
         client.close()
         cluster.close()
     elif engine == "ray":
         import ray
         ray.init(num_cpus=workers, include_dashboard=False, log_to_driver=False)
         remote = ray.remote(read_chunk)
-        count = ray.remote(lambda c: c.rows)
-        ray.get(count.remote(remote.remote(root, chunks[0][:1])))      # workers up before the clock
+        ray.get(remote.remote(root, chunks[0][:1]))           # workers up before the clock
         out["startup_s"] = time.perf_counter() - t0
-        t1 = time.perf_counter()
         refs = [remote.remote(root, c) for c in chunks]
-        rows = ray.get([count.remote(r) for r in refs])
-        out["stage_s"] = time.perf_counter() - t1
-        out["rows"] = sum(rows)
-        t2 = time.perf_counter()
-        res = ray.get(refs)
-        _merge_all(root, res)
-        out["gather_merge_s"] = out["stage_s"] + time.perf_counter() - t2
+        _measure(out, root, lambda: ray.wait(refs, num_returns=len(refs), fetch_local=False), lambda: ray.get(refs))
         ray.shutdown()
     import resource
     out["driver_peak_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
