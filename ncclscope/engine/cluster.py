@@ -161,6 +161,12 @@ def open_engine(workers: int | None = None, scheduler: str | None = None, memory
         raise EngineError(f"--workers/--scheduler need dask[distributed] ({exc})") from None
     own = None
     made: str | None = None
+    # Dask reports a worker it restarts or loses with tracebacks on stderr; what the user needs is the one line
+    # the CLI prints when the task fails for good (engine_args.engine_for)
+    import logging
+    quiet = [(name, logging.getLogger(name).level) for name in ("distributed", "tornado")]
+    for name, _ in quiet:
+        logging.getLogger(name).setLevel(logging.CRITICAL + 1)
     try:
         if scheduler:
             try:
@@ -173,7 +179,7 @@ def open_engine(workers: int | None = None, scheduler: str | None = None, memory
             if n < 1:
                 raise EngineError(f"--workers {n}: needs at least 1")
             own = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                               memory_limit=memory_limit or "auto", silence_logs=40)
+                               memory_limit=memory_limit or "auto", silence_logs=logging.CRITICAL + 1)
             client = Client(own)
         if scratch is None and not scheduler:
             scratch = made = tempfile.mkdtemp(prefix="ncclscope-scratch-")
@@ -184,6 +190,7 @@ def open_engine(workers: int | None = None, scheduler: str | None = None, memory
     except EngineError:
         if own is not None:
             own.close()
+        _restore(quiet)
         raise
     try:
         yield engine
@@ -191,6 +198,13 @@ def open_engine(workers: int | None = None, scheduler: str | None = None, memory
         engine.close()
         if made:
             shutil.rmtree(made, ignore_errors=True)
+        _restore(quiet)
+
+
+def _restore(levels: list[tuple[str, int]]) -> None:
+    import logging
+    for name, level in levels:
+        logging.getLogger(name).setLevel(level)
 
 
 def stderr_progress(quiet: bool = False, every_s: float = 1.0) -> Progress | None:
