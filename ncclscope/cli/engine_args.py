@@ -59,7 +59,7 @@ def engine_for(ns: argparse.Namespace | None, path: str, quiet: bool) -> Iterato
     except Exception as exc:
         if type(exc).__name__ != "KilledWorker":     # dask.distributed's, when a worker died past its tries
             raise
-        raise UsageError(f"{path}: a worker died while reading it, past its memory limit or killed "
-                         f"({first_line(exc)}); give each worker more (--worker-memory) or use more workers")
+        raise UsageError(f"{path}: a worker died while reading it, past its memory limit or killed; give each "
+                         f"worker more (--worker-memory) or use more workers (Dask: {first_line(exc)[:120]})")
     finally:
         ctx.__exit__(None, None, None)
