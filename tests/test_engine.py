@@ -133,6 +133,8 @@ def test_engine_flags_that_cannot_work_are_one_line_exit_2(synth):
     assert both.returncode == 2 and "give one" in both.stderr
     neg = _cli(str(synth), "--workers", "-1")
     assert neg.returncode == 2 and "--workers -1" in neg.stderr
+    lots = _cli(str(synth), "--workers", "2", "--worker-memory", "lots")
+    assert lots.returncode == 2 and lots.stderr.count("\n") == 1 and "'lots'" in lots.stderr, lots.stderr
     # a worker past the memory limit Dask enforces: it is restarted, the task retried, then one line, exit 2
     small = _cli(str(synth), "--json", "--workers", "2", "--worker-memory", "100MB")
     assert small.returncode == 2 and small.stdout == "" and small.stderr.count("\n") == 1, small.stderr

@@ -1,8 +1,8 @@
 """The engine: a Dask cluster (local worker processes, or a scheduler someone started) and the one way the
 analyzer hands it work (`Engine.map_ordered`).
 
-Why Dask (docs/architecture.md has the measurement): on the per-rank stage it is as fast as Ray with a tenth of
-the install and start-up, and `dask-jobqueue` starts its workers inside a SLURM or PBS allocation; results the
+Why Dask (docs/architecture.md has the measurement): on the per-rank stage it is about as fast as Ray, with a
+fraction of its install and start-up, and `dask-jobqueue` starts its workers inside a SLURM or PBS allocation; results the
 driver needs whole are moved as files in a scratch directory (`Engine.scratch`), not through its TCP comm.
 
 Nothing here is a global: the CLI opens one Engine per command (`open_engine`, a context manager) and passes it
@@ -178,9 +178,12 @@ def open_engine(workers: int | None = None, scheduler: str | None = None, memory
             n = workers or default_workers()
             if n < 1:
                 raise EngineError(f"--workers {n}: needs at least 1")
-            own = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                               memory_limit=memory_limit or "auto", silence_logs=logging.CRITICAL + 1)
-            client = Client(own)
+            try:
+                own = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                                   memory_limit=memory_limit or "auto", silence_logs=logging.CRITICAL + 1)
+                client = Client(own)
+            except (OSError, ValueError, TimeoutError) as exc:      # no ports, a bad --worker-memory, ...
+                raise EngineError(f"--workers {n}: the local workers could not start ({exc})") from None
         if scratch is None and not scheduler:
             scratch = made = tempfile.mkdtemp(prefix="ncclscope-scratch-")
         elif scratch is not None:
