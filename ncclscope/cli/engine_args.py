@@ -14,14 +14,16 @@ from typing import Any, Iterator
 from ncclscope.cli.inputs import UsageError, first_line
 from ncclscope.cli.memory_guard import input_bytes
 
-AUTO_BYTES = 1 << 30        # 1 GiB of rank streams or dumps: below it one process is as fast (measured)
+# 2 GiB of rank streams or dumps. Measured (analyze --json, in-process vs --workers 2): at 1.6 GB (1,024 ranks,
+# 10 M events) 13.2 vs 13.6 s, no gain; at 5.5 GB (16,384 ranks) 0.84x
+AUTO_BYTES = 2 << 30
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("engine (large inputs)")
     g.add_argument("--workers", type=int, default=None, metavar="N",
                    help="read the input on N local worker processes (0: in this process; default: every core "
-                        "for inputs of 1 GiB or more, else in this process)")
+                        "for inputs of 2 GiB or more, else in this process)")
     g.add_argument("--scheduler", default="", metavar="ADDRESS",
                    help="use the Dask cluster at ADDRESS (tcp://host:8786), e.g. one started in a SLURM "
                         "allocation (docs/scale.md)")
