@@ -60,7 +60,7 @@ def child(engine: str, root: str, workers: int, size: int) -> dict:
     elif engine in ("dask", "dask-files"):
         import tempfile
         from dask.distributed import Client, LocalCluster, wait
-        from ncclscope.engine.cluster import load_result, run_to_file
+        from ncclscope.engine.tasks import load_result, run_to_file
         from ncclscope.engine.rank_chunks import RankChunk
         cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
         client = Client(cluster)

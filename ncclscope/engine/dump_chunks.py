@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ncclscope.engine.cluster import working_dir
+from ncclscope.engine.tasks import working_dir
 from ncclscope.load.foreign.fr_entries import Entries
 
 

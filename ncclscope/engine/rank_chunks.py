@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ncclscope.engine.cluster import working_dir
+from ncclscope.engine.tasks import working_dir
 from ncclscope.load.columns import Columns
 from ncclscope.load.trace import RankInfo, RunDirLoader
 

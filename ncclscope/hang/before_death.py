@@ -22,7 +22,8 @@ import pandas as pd
 from ncclscope import schema as S
 from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, FindingKind, InstanceRef, Severity
 from ncclscope.hang.skips import deviations_before_death, sequence_skips
-from ncclscope.index.instances import DEVIATION_COLUMNS, find_history_deviations
+from ncclscope.index.history import find_history_deviations
+from ncclscope.index.instances import DEVIATION_COLUMNS
 from ncclscope.index.labels import rank_label
 from ncclscope.index.views import TraceIndex
 

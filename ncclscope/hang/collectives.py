@@ -39,7 +39,8 @@ from ncclscope import schema as S
 from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, InstanceRef, WaitSummary
 from ncclscope.hang.a2a import split_deviations
 from ncclscope.index.views import IndexLike, TraceIndex, as_index
-from ncclscope.index.instances import find_deviations, find_history_deviations, merge_history, near_instances, type_value
+from ncclscope.index.history import find_history_deviations, merge_history
+from ncclscope.index.instances import find_deviations, near_instances, type_value
 from ncclscope.index.labels import fmt_ranks, rank_label
 from ncclscope.index.source_loops import cwds_of, left_loop_note
 from ncclscope.hang.wording import since as since_text

@@ -3,8 +3,7 @@
 A hung or killed job leaves torn Arrow streams, missing rank directories,
 half-written JSON and ranks that never said goodbye. None of that may stop the
 analysis: each problem becomes one line in `Trace.warnings` that says what and
-where, and everything else is still loaded. Nothing in the run directory is
-ever written to.
+where, and everything else is still loaded. Nothing in it is ever written to.
 
 Tables (pandas, one row per record, all ranks concatenated):
 - `events`  : raw begin/end/instant rows (schema.EVENTS_SCHEMA) plus `t_ns`,
@@ -378,10 +377,7 @@ def _rank_info(r: int, meta: dict[str, Any]) -> RankInfo:
 
 
 def load(path: str | os.PathLike[str], engine: Any = None) -> Trace:
-    """Load a run directory. Raises TraceError only when nothing can be analyzed.
-
-    `engine` (ncclscope.engine.Engine): the rank directories are read on its workers, chunk by chunk, and
-    merged here into the same Trace (engine/rank_chunks.py says why it is the same)."""
+    """A run directory's Trace (`engine`: read on its workers, the same Trace); TraceError only if nothing is."""
     root = Path(path)
     no_hugepages()          # big fresh arrays from here on: heap.no_hugepages says why
     if not root.exists():
