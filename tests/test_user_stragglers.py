@@ -198,3 +198,20 @@ def test_p2p_transfers_of_a_pipeline_where_every_send_waits_on_its_own_compute_n
             b.collective(r, "world", seq, start=starts[r], end=max(starts) + 0.0002, step=step)
     res = analyze_stragglers(b.build())
     assert not [f for f in res.findings if f.severity.value == "warning"], [f.title for f in res.findings]
+
+
+def test_a_loop_followed_by_a_final_barrier_still_has_iterations() -> None:
+    """seed 20261208 #231 (its run directory as written): no steps marked, rank 3 sleeps 50 ms every pass of
+    an 11-pass loop, and the script ends with dist.barrier(). The loop's iterations were found only for a
+    sequence that repeats to its last call, so the barrier left none: every collective was its own trial and
+    the 50 ms a pass read as noise. Calls after the loop are teardown, not a broken loop."""
+    from pathlib import Path
+
+    from ncclscope.index.repetition import loop_iterations
+    from ncclscope.load.trace import load
+    from ncclscope.verdict import run
+    assert loop_iterations(["a", "b", "a", "b", "a", "b", "barrier"]).tolist() == [0, 0, 1, 1, 2, 2, -1]
+    assert loop_iterations(["x", "a", "b", "a", "b", "a", "b", "y", "z"]).tolist() == [-1, 0, 0, 1, 1, 2, 2, -1, -1]
+    assert loop_iterations(["a", "b", "a", "c", "d"]) is None
+    a = run(load(Path(__file__).parent / "data" / "randprog" / "rp20261208_231_slow"))
+    assert (a.headline.kind, a.headline.ranks) == ("straggler", [3]), a.verdict

@@ -10,7 +10,7 @@ deviates. The period and its phase are read off the sequence itself, and each
 repetition becomes a virtual step; setup calls before the loop are left out.
 
     >>> virtual_steps(["init", "a", "b", "a", "b", "a", "b", "b"])
-    (array([-1, 0, 0, 1, 1, 2, 2, 3]), 7)
+    (array([-1,  0,  0,  1,  1,  2,  2,  3]), 7)
 """
 from __future__ import annotations
 
@@ -70,26 +70,35 @@ MIN_ITERATIONS = 3       # loop_iterations: fewer whole repetitions are not a lo
 
 
 def loop_iterations(sites: list[str]) -> np.ndarray | None:
-    """Iteration of each call of a sequence that repeats one loop body to its end (setup calls before
-    the loop get -1), or None when no period repeats MIN_ITERATIONS times. The period is the one whose
-    repetition starts earliest (covers most calls), the shortest on a tie. A healthy run's iterations:
+    """Iteration of each call of a sequence that repeats one loop body (calls before the loop, and after it:
+    a final barrier, a teardown, get -1), or None when no period repeats MIN_ITERATIONS times. The period is
+    the one whose unbroken repetition covers most calls, the shortest on a tie. A healthy run's iterations:
     what a rank did per pass of its training loop when the script marks no steps.
 
         >>> loop_iterations(["init", "a", "b", "a", "b", "a", "b"]).tolist()
         [-1, 0, 0, 1, 1, 2, 2]
+        >>> loop_iterations(["a", "b", "a", "b", "a", "b", "barrier"]).tolist()
+        [0, 0, 1, 1, 2, 2, -1]
     """
     n = len(sites)
     if n < MIN_ITERATIONS:
         return None
     codes = pd.factorize(pd.Series(sites, dtype=object))[0]
-    best: tuple[int, int] | None = None               # (start, p)
+    best: tuple[int, int, int, int] | None = None     # (-covered, p, start, end)
     for p in range(1, min(MAX_PERIOD, n // MIN_ITERATIONS) + 1):
-        bad = np.flatnonzero(codes[p:] != codes[:-p])
-        start = int(bad[-1]) + 1 if len(bad) else 0   # calls from here on repeat with period p
-        if n - start >= MIN_ITERATIONS * p and (best is None or start < best[0]):
-            best = (start, p)
+        same = np.r_[False, codes[p:] == codes[:-p], False]          # same[j + 1]: call j + p repeats call j
+        edges = np.diff(same.astype(np.int8))
+        starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+        if not len(starts):
+            continue
+        k = int(np.argmax(ends - starts))                            # the longest unbroken repetition
+        start, end = int(starts[k]), int(ends[k]) + p                # calls [start, end) repeat with period p
+        if end - start >= MIN_ITERATIONS * p:
+            cand = (-(end - start), p, start, end)
+            if best is None or cand < best:
+                best = cand
     if best is None:
         return None
-    start, p = best
+    _, p, start, end = best
     idx = np.arange(n)
-    return np.where(idx >= start, (idx - start) // p, -1)
+    return np.where((idx >= start) & (idx < end), (idx - start) // p, -1)
