@@ -568,3 +568,34 @@ def test_a_send_to_another_peer_from_the_line_whose_earlier_calls_all_went_to_on
     assert (d.headline.kind, d.headline.ranks) == ("unmatched_p2p", [1]), d.verdict
     assert "posted isend to rank 0" in d.verdict and "went to rank 2" in d.verdict
     assert d.headline.cause.departure is not None
+
+
+def test_a_ring_send_to_another_peer_in_a_marked_step_is_the_deviation() -> None:
+    """The marked-steps branch of with_departure (seed 20261208 #302 and #259 ran it): the previous step
+    cannot be replayed as a routine (rank 1's step 1 has ops step 0 did not), so the line's own earlier
+    call decides: rank 1's isend at ring.py:5 went to rank 2 in step 0 and to rank 0 in step 1."""
+    b = TraceBuilder(3, groups={"world": [0, 1, 2]}, group_kinds={"world": "world"})
+    for r in range(3):
+        b.heartbeats(r, 0.0, 20.0)
+    seq = 0
+    for step in range(2):
+        t = step * 1.0
+        for r in range(3):
+            dst = (r + 1) % 3 if not (r == 1 and step == 1) else 0
+            ok = not (step == 1 and r in (1, 2))
+            end = t + 0.01 if ok else None
+            b.p2p(r, "isend", dst, seq=step + 1 if not (r == 1 and step == 1) else 1, start=t, end=end,
+                  status="ok" if ok else "timeout", call_site="ring.py:5", step=step)
+            src = (r - 1) % 3
+            recv_ok = not (step == 1 and r == 2)
+            b.p2p(r, "irecv", src, seq=step + 1, start=t + 0.001, end=t + 0.01 if recv_ok else None,
+                  status="ok" if recv_ok else "timeout", call_site="ring.py:5", step=step)
+        seq += 1
+        for r in range(3):
+            if step == 1 and r in (1, 2):
+                continue
+            b.collective(r, "world", seq, start=t + 0.02, end=t + 0.03 if step == 0 else None,
+                         status="ok" if step == 0 else "timeout", call_site="ring.py:9", step=step)
+    d = diagnose(b.build())
+    assert (d.headline.kind, d.headline.ranks) == ("unmatched_p2p", [1]), d.verdict
+    assert "posted isend to rank 0 at ring.py:5" in d.verdict

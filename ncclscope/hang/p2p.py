@@ -179,6 +179,14 @@ def _same(a: tuple, b: tuple) -> bool:
 
 
 def with_departure(ix: TraceIndex, f: Finding) -> Finding:
+    """`f` (unmatched_p2p) with `cause.departure` when the absent rank left its own routine there
+    (`_routine_departure`), else when its line's earlier calls all went to the poster and its last went
+    elsewhere (`with_peer_change`)."""
+    g = _routine_departure(ix, f)
+    return g if g is not f else with_peer_change(ix, f)
+
+
+def _routine_departure(ix: TraceIndex, f: Finding) -> Finding:
     """`f` (unmatched_p2p) with `cause.departure` when the absent rank left its own routine there.
 
     Training repeats itself: in step s-1 the absent rank posted, at this point of the step, the op that
@@ -195,10 +203,10 @@ def with_departure(ix: TraceIndex, f: Finding) -> Finding:
     if virtual:                                # no step numbers: the loop's repetitions stand in for steps
         it = loop_iterations(ix, r, q)
         if it is None:
-            return with_peer_change(ix, f)
+            return f
         got, ref, s = it
     elif s < 1:
-        return with_peer_change(ix, f)
+        return f
     else:
         got, ref = step_tokens(ix, r, s), step_tokens(ix, r, s - 1)
         mine, mine_ref = step_tokens(ix, q, s), step_tokens(ix, q, s - 1)
