@@ -15,6 +15,7 @@ import shutil
 import sys
 import tempfile
 import time
+import warnings
 from collections import deque
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
@@ -141,11 +142,19 @@ def open_engine(workers: int | None = None, scheduler: str | None = None, memory
             n = workers or default_workers()
             if n < 1:
                 raise EngineError(f"--workers {n}: needs at least 1")
+            if memory_limit:
+                from dask.utils import parse_bytes
+                try:
+                    parse_bytes(memory_limit)
+                except (ValueError, TypeError) as exc:
+                    raise EngineError(f"--worker-memory {memory_limit}: not a size ({exc})") from None
             try:
-                own = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
-                                   memory_limit=memory_limit or "auto", silence_logs=logging.CRITICAL + 1)
+                with warnings.catch_warnings():          # "port 8787 is in use, using another": not the user's news
+                    warnings.simplefilter("ignore")
+                    own = LocalCluster(n_workers=n, threads_per_worker=1, processes=True, dashboard_address=None,
+                                       memory_limit=memory_limit or "auto", silence_logs=logging.CRITICAL + 1)
                 client = Client(own)
-            except (OSError, ValueError, TimeoutError) as exc:      # no ports, a bad --worker-memory, ...
+            except (OSError, ValueError, TimeoutError) as exc:      # no ports, no processes, ...
                 raise EngineError(f"--workers {n}: the local workers could not start ({exc})") from None
         if scratch is None and not scheduler:
             scratch = made = tempfile.mkdtemp(prefix="ncclscope-scratch-")
