@@ -23,6 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 from ncclscope.engine.tasks import load_result, run_to_file
 
 Progress = Callable[[str, int, int], None]      # (what, done, total)
+CONNECT_TIMEOUT_S = 10                          # --scheduler: a cluster that has not answered by then is not there
 
 
 class EngineError(RuntimeError):
@@ -134,7 +135,7 @@ def open_engine(workers: int | None = None, scheduler: str | None = None, memory
     try:
         if scheduler:
             try:
-                client = Client(scheduler, timeout="20s")
+                client = Client(scheduler, timeout=f"{CONNECT_TIMEOUT_S}s")
             except (OSError, TimeoutError) as exc:
                 raise EngineError(f"--scheduler {scheduler}: cannot reach it ({exc})") from None
             n = max(len(client.scheduler_info().get("workers", {})), 1)
