@@ -147,13 +147,9 @@ def rejudge(out: Path) -> int:
             if not path.exists() or row[src].get("na") or row[src].get("no_dumps"):
                 continue
             rc, rep = analyze(path, d / f"rejudged_{src}.json")
-            if src == "fr" and rc == 2 and EMPTY_DUMPS in str(rep.get("no_json", "")):
-                row[src] = {"source": src, "right": True, "root": True, "cause": True, "line": None, "na": True,
-                            "kind": "", "ranks": [], "verdict": "(n/a: the dumps hold no entries; exit 2)"}
-            else:
-                row[src] = judge(t, f"{row['name']}.py", rc, rep, src, row.get("fr_left_out"))
+            row[src] = score(t, f"{row['name']}.py", rc, rep, src, row.get("fr_left_out"))
         was = row.get("miss")
-        row["miss"] = not row["silent"] and not row["healthy_job_failed"] and not all(row[s]["right"] for s in SOURCES)
+        row["miss"] = is_miss(row)
         changed += was != row["miss"]
         log(f"rejudged {row_line(row)}")
     rows.sort(key=lambda r: r["name"])
@@ -179,8 +175,7 @@ def run_one(ns: argparse.Namespace, out: Path, work_root: Path, index: int, bug:
         if src == "fr" and bug != HEALTHY and not CATALOGUE[bug].hangs and job.all_clean:
             # torch writes Flight Recorder dumps on a timeout or an error (or when asked): a plain torchrun
             # user whose job ended cleanly on every rank has none to give (a slow rank, a NaN)
-            row[src] = {"source": src, "right": True, "root": True, "cause": True, "line": None, "na": True,
-                        "kind": "", "ranks": [], "verdict": "(n/a: the job ended cleanly, so torch wrote no dump)"}
+            row[src] = not_applicable(src, "the job ended cleanly, so torch wrote no dump")
             continue
         if src == "fr" and not job.fr_ranks:
             row[src] = {"source": src, "right": False, "root": False, "cause": False, "line": None,
@@ -189,15 +184,8 @@ def run_one(ns: argparse.Namespace, out: Path, work_root: Path, index: int, bug:
                 row[src]["false_alarm"] = False
             continue
         rc, rep = analyze(path, work / f"analyze_{src}.json")
-        if src == "fr" and rc == 2 and EMPTY_DUMPS in str(rep.get("no_json", "")):
-            # every rank dumped, but nothing the program did is in them (gloo's recorder keeps no p2p): exit 2
-            # ("nothing readable") is the right answer, and there is no verdict to judge
-            row[src] = {"source": src, "right": True, "root": True, "cause": True, "line": None, "na": True,
-                        "kind": "", "ranks": [], "verdict": "(n/a: the dumps hold no entries; exit 2)"}
-            continue
-        row[src] = judge(t, prog.filename, rc, rep, src, job.fr_left_out)
-    miss = not silent and not failed_healthy and not all(row[s]["right"] for s in SOURCES)
-    row["miss"] = miss
+        row[src] = score(t, prog.filename, rc, rep, src, job.fr_left_out)
+    miss = row["miss"] = is_miss(row)
     if miss:
         dst = out / "misses" / t.name
         if dst.exists():
@@ -209,6 +197,26 @@ def run_one(ns: argparse.Namespace, out: Path, work_root: Path, index: int, bug:
 
 
 EMPTY_DUMPS = "the dumps hold no entries"     # flight_recorder._load's line for dumps with no entry at all
+
+
+def not_applicable(src: str, why: str) -> dict:
+    """A source's score where it has no evidence to judge (left out of the table's rates)."""
+    return {"source": src, "right": True, "root": True, "cause": True, "line": None, "na": True,
+            "kind": "", "ranks": [], "verdict": f"(n/a: {why})"}
+
+
+def score(t: Truth, filename: str, rc: int, rep: dict, src: str, left_out: list[int] | None) -> dict:
+    """One source's analysis judged against the truth (scorer.judge). Dumps in which every rank wrote nothing
+    the program did (gloo's recorder keeps no p2p) are n/a: exit 2 ("nothing readable") is the right
+    answer there, and there is no verdict to judge."""
+    if src == "fr" and rc == 2 and EMPTY_DUMPS in str(rep.get("no_json", "")):
+        return not_applicable(src, "the dumps hold no entries; exit 2")
+    return judge(t, filename, rc, rep, src, left_out)
+
+
+def is_miss(row: dict) -> bool:
+    """A scored program that some source got wrong (silent bugs and failed healthy jobs are not scored)."""
+    return not row["silent"] and not row["healthy_job_failed"] and not all(row[s]["right"] for s in SOURCES)
 
 
 def row_line(row: dict) -> str:

@@ -22,8 +22,8 @@ from ncclscope.cli.output import clean, json_report, plural, print_report, print
 def read_input(ns: argparse.Namespace, quiet: bool = False) -> Any:
     """`ns.run` read in the mode its flags ask for (engine_args.py), after the memory check; None after a
     one-line error. `quiet`: no progress lines (--json)."""
-    check_fits(ns.run)            # UsageError (exit 2) when the input alone is bigger than the free memory
-    with engine_for(ns, ns.run, quiet) as engine:
+    size = check_fits(ns.run)     # UsageError (exit 2) when the input alone is bigger than the free memory
+    with engine_for(ns, ns.run, quiet, size) as engine:
         return load_input(ns.run, engine)
 
 
@@ -120,8 +120,8 @@ def cmd_tui(ns: argparse.Namespace) -> int:
     from ncclscope.tui import run_tui
     trace, used = None, False
     if not ns.follow:
-        check_fits(ns.run)
-        with engine_for(ns, ns.run, quiet=False) as engine:       # the workers stop before the app starts
+        size = check_fits(ns.run)
+        with engine_for(ns, ns.run, False, size) as engine:       # the workers stop before the app starts
             if engine is not None:
                 used, trace = True, load_input(ns.run, engine)
         if used and trace is None:

@@ -36,15 +36,18 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 
 @contextmanager
-def engine_for(ns: argparse.Namespace | None, path: str, quiet: bool) -> Iterator[Any]:
-    """The engine `ns` asks for (None: read in this process); a UsageError (exit 2) when it cannot start."""
+def engine_for(ns: argparse.Namespace | None, path: str, quiet: bool, size: int | None = None) -> Iterator[Any]:
+    """The engine `ns` asks for (None: read in this process); a UsageError (exit 2) when it cannot start.
+    `size`: the input's bytes when the caller has counted them (memory_guard.check_fits), else counted here."""
     workers = getattr(ns, "workers", None) if ns is not None else None
     scheduler = getattr(ns, "scheduler", "") if ns is not None else ""
     if workers is not None and workers < 0:
         raise UsageError(f"--workers {workers}: give 0 (this process) or more")
     if scheduler and workers:
         raise UsageError("--workers and --scheduler: give one (the cluster at --scheduler has its own workers)")
-    wanted = bool(scheduler) or bool(workers) or (workers is None and input_bytes(path, AUTO_BYTES) >= AUTO_BYTES)
+    if size is None and workers is None and not scheduler:
+        size = input_bytes(path, AUTO_BYTES)
+    wanted = bool(scheduler) or bool(workers) or (workers is None and (size or 0) >= AUTO_BYTES)
     if not wanted:
         yield None
         return

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import traceback
+from contextlib import nullcontext
 from typing import Any
 
 from ncclscope.cli.output import clean
@@ -27,7 +28,7 @@ def load_input(path: str, engine: Any = None) -> Any:
     from ncclscope.load.foreign import load_any
     from ncclscope.load.trace import TraceError
     try:
-        with progress(f"reading {path}") if engine is None else _nothing():
+        with progress(f"reading {path}") if engine is None else nullcontext():
             return load_any(path, engine=engine)
     except TraceError as exc:
         print(f"ncclscope: {clean(exc)}", file=sys.stderr)
@@ -37,16 +38,6 @@ def load_input(path: str, engine: Any = None) -> Any:
         if debug_wanted():
             traceback.print_exc()
     return None
-
-
-class _nothing:
-    """No spinner (the engine prints its own progress lines)."""
-
-    def __enter__(self) -> "_nothing":
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
 
 
 class progress:

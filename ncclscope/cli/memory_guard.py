@@ -47,15 +47,18 @@ def input_bytes(path: str, stop_at: float = float("inf")) -> int:
     return total
 
 
-def check_fits(path: str) -> None:
-    """UsageError (exit 2) when the input alone needs more memory than the machine has available now."""
+def check_fits(path: str) -> int:
+    """The input's bytes (0 for a single file); UsageError (exit 2) when the input alone needs more memory
+    than the machine has available now."""
     if not os.path.isdir(path):
-        return
-    need = input_bytes(path) * DISK_TO_MEMORY
+        return 0
+    size = input_bytes(path)
+    need = size * DISK_TO_MEMORY
     have = psutil.virtual_memory().available
     if need > have:
         raise UsageError(f"{path}: needs at least {need / 2**30:.1f} GB of memory to analyze, "
                          f"{have / 2**30:.1f} GB are available; {ADVICE}")
+    return size
 
 
 class Watchdog:

@@ -8,7 +8,6 @@ is read where it is, by path: the workers need the same filesystem view as the d
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,18 +25,16 @@ class DumpChunk:
     dumps: dict[int, dict[str, Any]]
     versions: dict[str, list[int]]
     warnings: list[str]
-    seconds: float = 0.0
 
 
 def read_dump_chunk(items: list[tuple[int, tuple[str, str]]], cwd: str | None = None) -> DumpChunk:
     """Read these (rank, (file, format)) dumps with the in-process reader's own loop (runs on a worker, in the
     driver's working directory `cwd`)."""
     from ncclscope.load.foreign.flight_recorder import add_dumps
-    t0 = time.perf_counter()
     ents, dumps, versions, warnings = Entries(), {}, {}, []      # type: ignore[var-annotated]
     with working_dir(cwd):
         add_dumps([(r, (Path(f), fmt)) for r, (f, fmt) in items], ents, dumps, versions, warnings)
-    return DumpChunk(ents, dumps, versions, warnings, time.perf_counter() - t0)
+    return DumpChunk(ents, dumps, versions, warnings)
 
 
 def chunk_size(n_dumps: int, workers: int) -> int:

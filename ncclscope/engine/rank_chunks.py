@@ -15,7 +15,7 @@ replayed in the order the chunk produced them, interleaved as `add_rank` interle
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,8 @@ class _RecordingViews:
     """Stands in for GroupViews on a worker: each `add` is kept, in order, with how many warnings came before it,
     and replayed on the driver's real GroupViews (group views are voted over the whole world, never per chunk)."""
 
-    def __init__(self, log: list[Any], warnings: list[str]) -> None:
-        self.log, self.warnings = log, warnings
+    def __init__(self, log: list[Any]) -> None:
+        self.log = log
 
     def add(self, rank: int, raw: Any, warnings: list[str], where: Any) -> None:
         if isinstance(raw, (bytes, bytearray)):
@@ -51,33 +51,24 @@ class RankChunk:
     metrics: Columns
     samples: Columns
     declared_world: int = 0
-    rows: int = 0                        # event rows (for progress and the plan's sizes)
-    seconds: float = 0.0                 # the worker's time on it
-    extra: dict[str, Any] = field(default_factory=dict)
+    rows: int = 0                        # event rows (benchmarks/engine_choice.py counts them)
 
 
 def read_chunk(root: str, dirs: list[tuple[int, str]], cwd: str | None = None) -> RankChunk:
     """Read these rank directories with the in-process loader's own code (runs on a worker, in the driver's
-    working directory `cwd`: engine.cluster.working_dir)."""
-    with working_dir(cwd):
-        return _read_chunk(root, dirs)
-
-
-def _read_chunk(root: str, dirs: list[tuple[int, str]]) -> RankChunk:
-    import time
-    t0 = time.perf_counter()
+    working directory `cwd`: engine.tasks.working_dir)."""
     warnings: list[str] = []
     loader = RunDirLoader(Path(root), warnings)
     log: list[Any] = []
-    loader.views = _RecordingViews(log, warnings)      # type: ignore[assignment]
-    for r, d in dirs:
-        loader.add_rank(r, Path(d))
+    loader.views = _RecordingViews(log)      # type: ignore[assignment]
+    with working_dir(cwd):
+        for r, d in dirs:
+            loader.add_rank(r, Path(d))
     for cols in (loader.events, loader.metrics, loader.samples):
         cols.flush()
     return RankChunk(ranks=loader.ranks, stacks=loader.stacks, warnings=warnings, views=log,
                      events=loader.events, metrics=loader.metrics, samples=loader.samples,
-                     declared_world=loader.declared_world, rows=loader.events.rows,
-                     seconds=time.perf_counter() - t0)
+                     declared_world=loader.declared_world, rows=loader.events.rows)
 
 
 def merge_chunk(loader: RunDirLoader, chunk: RankChunk) -> None:

@@ -25,7 +25,6 @@ Membership, kinds and the missing participants come from the index
 from __future__ import annotations
 
 import re
-
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable
 

@@ -59,7 +59,7 @@ from ncclscope.load.foreign.fr_memory import slim_tables
 from ncclscope.load.foreign.fr_read import (SNIFF_BYTES, SUPPORTED_MAJOR, DumpBuffer, call_site, dump_files, format_stack,
                                             rank_from_name, read_dump, sniff)
 from ncclscope.load.foreign.vocab import coded, events_table, parse_ranks
-from ncclscope.load.foreign.fr_world import world_from_shapes
+from ncclscope.load.foreign.fr_world import group_widths, world_from_shapes
 from ncclscope.ranklists import fmt_ranks
 
 __all__ = ["load_flight_recorder", "sniff", "rank_from_name", "dump_files", "read_dump", "call_site", "format_stack",
@@ -96,7 +96,7 @@ def _load(path: str | Path, world_size: int | None, engine: Any = None) -> Trace
         run = RunInfo.from_dict({"source": "flight_recorder", "world_size": read.world})
         return assemble(read.root, run, read.world, ranks,
                         Tables(events=[], group_rows=[], stacks={}, warnings=read.warnings))
-    fixed = FixedUp(read.ents, read.dumps, read.world, world_size, read.warnings)
+    fixed = FixedUp(read.ents, read.dumps, read.world, world_size, read.warnings, read.widths)
     return _assemble(read, fixed)
 
 
@@ -111,6 +111,7 @@ class _Read:
     ents: Entries
     world: int
     warnings: list[str]
+    widths: dict[str, int]                     # pg name -> its size by its all_gather shapes (fr_world)
 
 
 def _dump_files(root: Path, warnings: list[str]) -> dict[int, tuple[Path, str]]:
@@ -180,14 +181,15 @@ def _read(root: Path, world_size: int | None, engine: Any = None) -> _Read:
     ents.finish()
     trim()             # the per-dump pieces' heap (~0.25 GB at 2 M entries) goes back before the next stage
     world = _world(files, dumps, world_size, warnings)
+    widths = group_widths(ents, cap=max(8 * len(files), 4096))
     if not world_size:        # gloo lists no members: the default group's all_gather shapes may say more (fr_world)
-        implied = world_from_shapes(ents, cap=max(8 * len(files), 4096))
+        implied = world_from_shapes(ents, widths)
         if implied is not None and implied > world:
             warnings.append(f"the default group's all_gather shapes say the world has {implied} ranks; the dumps "
                             f"end at rank {world - 1}, so rank(s) {fmt_ranks(list(range(world, implied)))} "
                             "left no dump")
             world = implied
-    return _Read(root, files, dumps, versions, ents, world, warnings)
+    return _Read(root, files, dumps, versions, ents, world, warnings, widths)
 
 
 def _world(files: dict[int, tuple[Path, str]], dumps: dict[int, dict[str, Any]], world_size: int | None,

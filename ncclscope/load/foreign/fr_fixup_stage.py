@@ -1,7 +1,7 @@
 """Stage 2 of the Flight Recorder loader (read -> fix up -> assemble): per-entry columns a dump does not
 hold directly, vectorised over all entries of all ranks.
 
-`FixedUp(ents, dumps, world, world_size, warnings)` computes, in order:
+`FixedUp(ents, dumps, world, world_size, warnings, widths)` computes, in order:
 - op names, backends and p2p direction, once per distinct profiling name; each op's sizes and dtypes
   texts, the output's added where it says more than the input (`fr_read.with_output`);
 - groups: one label per distinct (rank, pg name), with its members (`fr_fixups.group_members`);
@@ -27,7 +27,6 @@ from ncclscope.load.foreign.fr_coalesced import MARKER_SIZES, block_op, block_te
 from ncclscope.load.foreign.fr_fixups import (any_source_peers, group_members, infer_gloo, p2p_sequences,
                                               parse_profiling_name, peer_of)
 from ncclscope.load.foreign.fr_read import factorize_texts, with_output
-from ncclscope.load.foreign.fr_world import group_widths
 from ncclscope.load.foreign.vocab import P2P_OPS, GroupNamer, parse_ranks
 
 _SIZES_MAY_DIFFER = frozenset({"all_to_all", "all_to_all_single", "alltoall", "alltoall_base", "alltoallv", "scatter",
@@ -42,13 +41,14 @@ class FixedUp:
     """The fixed-up per-entry columns of `ents` (arrays of length ents.n) and the per-group tables."""
 
     def __init__(self, ents: Entries, dumps: dict[int, dict[str, Any]], world: int, world_size: int | None,
-                 warnings: list[str]) -> None:
+                 warnings: list[str], widths: dict[str, int]) -> None:
+        """`widths`: each group's size by its all_gather shapes (fr_world.group_widths, read once by the loader)."""
         self.warnings = warnings
         self.present = set(dumps)
         self.keep = np.ones(ents.n, bool)
         self._ops(ents)
         self._io_texts(ents)
-        self.world = self._groups(ents, dumps, world, world_size)
+        self.world = self._groups(ents, dumps, world, world_size, widths)
         self._peers(ents)
         self._completion(ents)
         self._coalesced(ents)
@@ -85,7 +85,8 @@ class FixedUp:
                                                           ents.out_dtype_texts, np.zeros(ents.n, bool))
         self.nbytes = ents.nbytes
 
-    def _groups(self, ents: Entries, dumps: dict[int, dict[str, Any]], world: int, world_size: int | None) -> int:
+    def _groups(self, ents: Entries, dumps: dict[int, dict[str, Any]], world: int, world_size: int | None,
+                widths: dict[str, int]) -> int:
         """groups: once per distinct (rank, pg name). Returns the world, grown by a completed group."""
         n_pg = max(len(ents.pg_names), 1)
         pair_key = ents.rank * n_pg + ents.pg_code
@@ -94,7 +95,6 @@ class FixedUp:
         self.pair_rank = (self.pair_uniq // n_pg).astype(int).tolist()
         self.pair_pg = [ents.pg_names[i] for i in (self.pair_uniq % n_pg)]
         pair_desc = [ents.descs[i] for i in ents.desc_code[first]]
-        widths = group_widths(ents, cap=max(world, 2))         # a group's size by its all_gather shapes
         self.pair_members = pm = group_members(self.pair_rank, self.pair_pg, pair_desc, dumps, world, self.warnings,
                                                widths)
         if not world_size:      # a group completed with a rank that left no dump (fr_fixups.complete_groups)

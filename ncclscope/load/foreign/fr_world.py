@@ -74,9 +74,9 @@ def group_widths(ents: Entries, cap: int) -> dict[str, int]:
             if len(ws) == 1 and 2 <= next(iter(ws)) <= cap}
 
 
-def world_from_shapes(ents: Entries, cap: int) -> int | None:
-    """The default group's size by its all_gather shapes (pg name "0" or description default_pg), or None."""
-    widths = group_widths(ents, cap)
+def world_from_shapes(ents: Entries, widths: dict[str, int]) -> int | None:
+    """The default group's size by its all_gather shapes (pg name "0" or description default_pg, its width in
+    `widths`, group_widths), or None."""
     if not widths:
         return None
     descs = dict(zip(map(str, ents.pg_names), _descs_of(ents)))
