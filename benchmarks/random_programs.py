@@ -83,8 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="programs run at once (a hung job mostly waits on its timeout; 2 on 2 cores)")
     ap.add_argument("--dry-run", action="store_true", help="write the programs and their truth; run nothing")
     ap.add_argument("--rejudge", default="", metavar="OUT",
-                    help="analyze the kept misses of an earlier run (OUT/misses) again with this code and print "
-                         "its table with them rescored; the other programs keep their recorded scores")
+                    help="analyze the kept programs of an earlier run (OUT/misses, and OUT/work after --keep-all) "
+                         "again with this code and print its table with them rescored; the other programs keep "
+                         "their recorded scores")
     ns = ap.parse_args(argv)
     if ns.rejudge:
         return rejudge(Path(ns.rejudge))
@@ -132,13 +133,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def rejudge(out: Path) -> int:
-    """Rescore an earlier run's kept misses with the code here (their jobs are not run again): each
-    OUT/misses/NAME holds the program, truth.json and the run and dump directories it wrote."""
+    """Rescore an earlier run's kept programs with the code here (their jobs are not run again): each
+    OUT/misses/NAME (or, after --keep-all, OUT/work/NAME) holds the program, truth.json and the run and
+    dump directories it wrote; programs kept nowhere keep their recorded scores."""
     rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines() if line.strip()]
     seed = rows[0]["name"].split("_")[0][2:] if rows else "?"
     changed = 0
     for row in rows:
         d = out / "misses" / row["name"]
+        if not (d / "truth.json").exists():
+            d = out / "work" / row["name"]
         if not (d / "truth.json").exists():
             continue
         t = Truth(**json.loads((d / "truth.json").read_text()))
@@ -154,7 +158,7 @@ def rejudge(out: Path) -> int:
         log(f"rejudged {row_line(row)}")
     rows.sort(key=lambda r: r["name"])
     print(table(rows, int(seed) if seed.isdigit() else 0))
-    log(f"randprog: {changed} of the kept misses changed their score on this code")
+    log(f"randprog: {changed} of the kept programs changed miss/right on this code")
     return 0
 
 

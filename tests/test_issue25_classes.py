@@ -599,3 +599,55 @@ def test_a_ring_send_to_another_peer_in_a_marked_step_is_the_deviation() -> None
     d = diagnose(b.build())
     assert (d.headline.kind, d.headline.ranks) == ("unmatched_p2p", [1]), d.verdict
     assert "posted isend to rank 0 at ring.py:5" in d.verdict
+
+
+def test_ranks_that_stopped_at_the_same_point_outside_any_recorded_op_are_named_together() -> None:
+    """seed 20261208 #171 (the gloo dumps as written): 4 ranks; at step 2 rank 3 flips its send/recv order
+    with rank 2, so both receive first and deadlock. gloo records no p2p op, so both dumps end after
+    all_reduce #10 with nothing in flight while ranks 0,1 wait in #11. Nothing recorded orders 2 and 3;
+    the verdict named the lower one (rank 2) as the root and rank 3 as "+1 more". Ranks that never posted
+    the same op and stopped after the same last op are one root: both are named."""
+    from pathlib import Path
+
+    from ncclscope.load.foreign.flight_recorder import load_flight_recorder
+    from ncclscope.verdict import run
+    a = run(load_flight_recorder(Path(__file__).parent / "data" / "randprog" / "rp20261208_171_swap_order_fr"))
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("hang", [2, 3]), a.verdict
+    assert a.verdict.startswith("HANG: ranks 2,3 never posted all_reduce #11 on default_pg")
+    assert "nothing recorded says which of them stopped first" in a.verdict
+    assert not [f for f in a.findings if f.kind == "hang" and f.ranks in ([2], [3])], [f.title for f in a.findings]
+
+
+def test_a_rank_that_skipped_a_collective_and_went_on_to_a_send_of_its_loop_is_the_deviation() -> None:
+    """seed 20261208 #377 (its run directory as written, less samples): 8 ranks; in step 1 rank 4 skips the
+    world all_gather its loop issues first and goes on to the ring's isend to rank 5, which waits in that
+    all_gather: a cycle 4 -> 5 -> 4. The skip rule asked only for a rank gone on to a collective on another
+    group, so the verdict was the DEADLOCK of ranks 3-5. Rank 4's own loop (its sends read with its
+    collectives) puts the all_gather before that isend: it went past it (loop_order.p2p_passers)."""
+    from pathlib import Path
+
+    from ncclscope.load.trace import load
+    d = diagnose(load(Path(__file__).parent / "data" / "randprog" / "rp20261208_377_skip"))
+    assert (d.headline.kind, d.headline.ranks) == ("hang", [4]), d.verdict
+    assert "never posted all_gather_into_tensor #8 on world" in d.verdict and "went on to isend #3 to rank 5" in d.verdict
+    assert ":28" in d.verdict    # the user's call of the helper in the loop
+
+
+def test_a_one_against_one_tie_is_decided_by_what_each_rank_s_own_loop_issues_at_that_point() -> None:
+    """seed 20261208 #334 (the gloo dumps as written): 2 ranks; in step 2 rank 1 skips the all_reduce its
+    loop issues at line 61 and goes on to broadcast_object_list, which pairs with rank 0's all_reduce. Both
+    calls come from sites each rank used before with the same op, so the site histories tie and the
+    verdict named the lowest rank. Each rank's own sequence on the group says what comes next: after the
+    all_gather of line 58 its loop issues the all_reduce of line 61; rank 0 did, rank 1 did not."""
+    from pathlib import Path
+
+    from ncclscope.hang.loop_order import predicted_next
+    from ncclscope.load.foreign.flight_recorder import load_flight_recorder
+    from ncclscope.verdict import run
+    a = run(load_flight_recorder(Path(__file__).parent / "data" / "randprog" / "rp20261208_334_skip_fr"))
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("collective_mismatch", [1]), a.verdict
+    assert "its own earlier calls on default_pg issue all_reduce" in a.verdict and ":61" in a.verdict
+    assert "ambiguous" not in a.verdict
+    # the prediction: the longest earlier-seen context, one earlier pass is enough, disagreement says nothing
+    assert predicted_next(list("abcdeabc")) == ("d", 1) and predicted_next(list("abcdeabcdeabc"))[0] == "d"
+    assert predicted_next(list("ab")) is None and predicted_next(list("abcxabcyabc")) is None

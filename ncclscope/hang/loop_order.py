@@ -29,6 +29,9 @@ from ncclscope.index.repetition import repeats_to_end, virtual_steps
 from ncclscope.hang.wording import WaitContext
 
 MAX_LOOP_CHECKS = 16             # tied edges whose ranks' loops are read
+MIN_CONTEXT = 2                  # calls of context before a rank's own sequence predicts its next call
+MAX_CONTEXT = 64                 # context read back at most
+MAX_SEQUENCE = 4096              # a rank's latest calls on a group read for that prediction
 
 
 @dataclass(frozen=True)
@@ -43,9 +46,13 @@ class Departure:
     expected_op: str
 
 
-def rank_sequence(coll: pd.DataFrame, rank: int) -> pd.DataFrame:
-    c = coll[(coll["rank"] == rank).to_numpy()]
-    return c.sort_values("op_id", kind="stable")[["op_id", "op_name", "process_group", "call_site"]]
+def rank_sequence(coll: pd.DataFrame, rank: int, p2p: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The rank's collectives in issue order (op_id), with its send/recv calls among them when `p2p` is given."""
+    cols = ["op_id", "op_name", "process_group", "call_site"]
+    c = coll[(coll["rank"] == rank).to_numpy()][cols]
+    if p2p is not None and len(p2p):
+        c = pd.concat([c, p2p[(p2p["rank"] == rank).to_numpy()][cols]], ignore_index=True)
+    return c.sort_values("op_id", kind="stable")
 
 
 def _tokens(seq: pd.DataFrame) -> list[str]:
@@ -151,14 +158,19 @@ def loop_says(ctx: WaitContext, e: Any) -> bool | None:
     """Did target `e.target` pass the instance (e.process_group #e.seq) that `e.waiter` waits in, by its own loop?
     (loop_order.passed_in_loop; the call site is the waiter's for that instance.)"""
     b = ctx.blocking
-    tb = b[(b["rank"] == e.target).to_numpy() & (b["kind"] == S.KIND_COLLECTIVE).to_numpy()]
+    mine = b[(b["rank"] == e.target).to_numpy()]
+    tb = mine[(mine["kind"] == S.KIND_COLLECTIVE).to_numpy()]
     wb = b[(b["rank"] == e.waiter).to_numpy() & (b["op_id"] == e.op_id).to_numpy()]
-    if len(tb) != 1:
-        return None
     site = str(wb["call_site"].iloc[0]) if len(wb) else ""
     coll = ctx.coll
-    return passed_in_loop(rank_sequence(coll, int(e.target)), int(tb["op_id"].iloc[0]), str(e.op_name),
-                          str(e.process_group), site)
+    if len(tb) == 1:
+        return passed_in_loop(rank_sequence(coll, int(e.target)), int(tb["op_id"].iloc[0]), str(e.op_name),
+                              str(e.process_group), site)
+    if len(tb) or not len(mine):
+        return None
+    # blocked in send/recv only: its loop is read with its p2p calls in it, from its first blocked one
+    return passed_in_loop(rank_sequence(coll, int(e.target), ctx.ix.p2p), int(mine["op_id"].min()),
+                          str(e.op_name), str(e.process_group), site)
 
 
 def not_reached(ctx: WaitContext, edges: pd.DataFrame) -> np.ndarray:
@@ -171,6 +183,20 @@ def not_reached(ctx: WaitContext, edges: pd.DataFrame) -> np.ndarray:
     said = {(e.target, e.process_group, e.seq): loop_says(ctx, e) is False for e in first.itertuples(index=False)}
     return np.fromiter((said[k] for k in zip(edges["target"], edges["process_group"], edges["seq"])),
                        dtype=bool, count=len(edges))
+
+
+def p2p_passers(ctx: WaitContext, e: pd.DataFrame) -> pd.DataFrame:
+    """Edges with a majority into a target blocked in send/recv only, whose own loop (its p2p calls read
+    with its collectives) put this instance before the call it is blocked in: it went past the collective
+    the others entered to a later statement of its loop. At most MAX_LOOP_CHECKS edges are read."""
+    b = ctx.blocking
+    p2p_only = set(b.loc[b["kind"] != S.KIND_COLLECTIVE, "rank"]) - set(b.loc[b["kind"] == S.KIND_COLLECTIVE, "rank"])
+    cand = e[e["target"].isin(p2p_only)].drop_duplicates(["target", "process_group", "seq"]).head(MAX_LOOP_CHECKS)
+    keep = [i for i, x in enumerate(cand.itertuples(index=False)) if loop_says(ctx, x) is True]
+    if not keep:
+        return e.iloc[0:0]
+    said = {(int(cand["target"].iloc[i]), str(cand["process_group"].iloc[i]), int(cand["seq"].iloc[i])) for i in keep}
+    return e[[(int(t), str(g), int(k)) in said for t, g, k in zip(e["target"], e["process_group"], e["seq"])]]
 
 
 def loop_passers(ctx: WaitContext, e0: pd.DataFrame) -> pd.DataFrame:
@@ -189,3 +215,57 @@ def loop_passers(ctx: WaitContext, e0: pd.DataFrame) -> pd.DataFrame:
     # loops cannot single out one rank, and the rule says nothing
     keep = [i for i in passed if int(tied["waiter"].iloc[i]) not in passers]
     return tied.iloc[keep]
+
+
+def predicted_next(tokens: list[str]) -> tuple[str, int] | None:
+    """What the rank's own sequence says comes after `tokens`: the token that followed every earlier
+    occurrence of the longest suffix (at least MIN_CONTEXT calls, read up to MAX_CONTEXT) that occurred
+    before, and how many earlier occurrences say so. None when no such suffix occurred or they disagree.
+
+    One earlier iteration suffices (a loop's second pass repeats its first from its first call on),
+    which `virtual_steps` cannot use: it needs MIN_REPEATS periods to find one."""
+    n = len(tokens)
+    if n <= MIN_CONTEXT:
+        return None
+    last = tokens[-1]
+    lengths: dict[int, int] = {}                  # earlier end position -> how far it matches the suffix
+    for j in range(n - 1):
+        if tokens[j] != last:
+            continue
+        m = 1
+        while m < MAX_CONTEXT and m <= j and tokens[j - m] == tokens[n - 1 - m]:
+            m += 1
+        lengths[j] = m
+    if not lengths:
+        return None
+    best = max(lengths.values())
+    if best < MIN_CONTEXT:
+        return None
+    nxt = {tokens[j + 1] for j, m in lengths.items() if m == best}
+    if len(nxt) != 1:
+        return None
+    said = next(iter(nxt))
+    return said, sum(1 for j, m in lengths.items() if m >= MIN_CONTEXT and tokens[j + 1] == said)
+
+
+def sequence_deviant(coll: pd.DataFrame, rows: pd.DataFrame, group: str) -> tuple[int, str, int] | None:
+    """Of the members' calls `rows` (one instance of `group`), the one rank whose call is not what its own
+    earlier calls on the group predict there (predicted_next) while every other member's call is:
+    (rank, the predicted token, how many earlier occurrences say so). None otherwise."""
+    if len(rows) < 2:
+        return None
+    off, fit = [], 0
+    for row in rows.itertuples(index=False):
+        mine = coll[(coll["rank"] == row.rank).to_numpy() & (coll["process_group"] == group).to_numpy()
+                    & (coll["collective_seq_id"] < row.collective_seq_id).to_numpy()]
+        mine = mine.sort_values("collective_seq_id", kind="stable")
+        if len(mine) > MAX_SEQUENCE:
+            mine = mine.iloc[-MAX_SEQUENCE:]
+        pred = predicted_next(_tokens(mine))
+        if pred is None:
+            return None
+        if pred[0] == _tokens(pd.DataFrame([row._asdict()]))[0]:
+            fit += 1
+        else:
+            off.append((int(row.rank), *pred))
+    return off[0] if len(off) == 1 and fit == len(rows) - 1 else None

@@ -33,6 +33,7 @@ from ncclscope import schema as S
 from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, FindingKind, InstanceRef
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label
+from ncclscope.hang.loop_order import sequence_deviant
 from ncclscope.hang.wording import duration
 
 HISTORY_MIN = 2                 # earlier calls that must agree before a rank's history counts
@@ -294,6 +295,11 @@ def resolve_by_history(source: IndexLike, findings: list[Finding]) -> list[Findi
                 out.append(_history_finding(ix, g, k, rows, dev, base=f))
                 decided.add((g, k))
                 continue
+            seq_dev = sequence_deviant(coll, rows, g)
+            if seq_dev is not None:
+                out.append(_sequence_finding(ix, g, k, rows, seq_dev, base=f))
+                decided.add((g, k))
+                continue
         out.append(f)
     if len(inst):
         lone = inst[(inst["n_began"] == 1) & (inst["n_notok"] > 0)]
@@ -343,3 +349,29 @@ def _history_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: dict, base: Fi
         return replace(base, title=title, ranks=[int(rank)], evidence=ev, data=data, cause=cause)
     return Finding(kind="collective_mismatch", severity="error", title=title, ranks=[int(rank)], evidence=ev,
                    instance=InstanceRef(g, k), data=data, cause=cause, layout=HISTORY_LAYOUT)
+
+
+def _sequence_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: tuple[int, str, int], base: Finding) -> Finding:
+    """A tie decided by the members' own sequences on the group (loop_order.sequence_deviant): the rank
+    whose call is not the one its earlier calls issue at that point, where every other member's is."""
+    rank, said, n = dev
+    op, _, site = said.split("\x1f")
+    mine = rows[rows["rank"] == rank].iloc[0]
+    others = rows[rows["rank"] != rank].sort_values("rank")
+    at = f" at {mine['call_site']}" if str(mine["call_site"]) else ""
+    title = (f"{rank_label(ix.trace, [rank])} deviates in {mine['op_name']} #{k} on {ix.label(g)}: called "
+             f"{mine['op_name']}{at} where its own earlier calls on {g} issue {op}"
+             f"{' from ' + site if site else ''} at this point of its loop ({n} earlier iteration"
+             f"{' says' if n == 1 else 's say'} so); {rank_label(ix.trace, others['rank'])} called what "
+             f"{'its own loop issues' if len(others) == 1 else 'their own loops issue'} there")
+    ev = [Evidence(rank=int(rank), note=f"deviant: {mine['op_name']} where its loop issues {op}; {mine['status']}",
+                   op_name=str(mine["op_name"]), process_group=g, seq=k, op_id=int(mine["op_id"]),
+                   time_ns=int(mine["start_ns"]))]
+    ev += [Evidence(rank=int(r.rank), note=f"what its own loop issues here; {r.status}", op_name=str(r.op_name),
+                    process_group=g, seq=k, op_id=int(r.op_id), time_ns=int(r.start_ns))
+           for r in others.itertuples(index=False)]
+    notok = rows[rows["status"].astype(str) != S.STATUS_OK]
+    data = {**base.data, "process_group": g, "seq": k, "expected": {"op_name": op, "call_site": site}}
+    cause = replace(base.cause, ambiguous=False, deviant_ranks=(int(rank),), unfinished=bool(len(notok)),
+                    basis=CauseBasis.HISTORY)
+    return replace(base, title=title, ranks=[int(rank)], evidence=ev, data=data, cause=cause)

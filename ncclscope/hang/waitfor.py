@@ -15,7 +15,9 @@ ends; this module names that end:
                                       collective on another group;
 - a dead rank                      -> `dead_rank`;
 - a live rank in no comm op        -> `stuck_in_compute` (inflight compute span,
-                                      or heartbeats to the end), else `hang`;
+                                      or heartbeats to the end), else `hang`
+                                      (several that stopped at one point: one
+                                      `hang` naming them all, same_stop.py);
 - ranks blocked in an op that every counterpart posted -> `hang` (stalled op:
   a mismatch or the transport; `diagnose` names the deviant when the
   collective analysis finds one).
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
 from ncclscope import schema as S
@@ -38,11 +39,12 @@ from ncclscope.hang.loop_departures import (cycle_leavers, finished_by_leavers, 
                                            site_of)
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label, seconds
-from ncclscope.hang.loop_order import loop_leavers, loop_passers, looped, not_reached
-from ncclscope.index.p2p_pairs import direction
+from ncclscope.hang.loop_order import loop_leavers, loop_passers, looped, not_reached, p2p_passers
 from ncclscope.index.stack_excerpts import user_frame
 from ncclscope.index.wait_edges import WaitEdges
 from ncclscope.index.waitgraph import WaitGraph, wait_graph
+from ncclscope.hang.same_stop import same_stop, same_stop_finding
+from ncclscope.hang.stalled import stalled_findings
 from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, at_site, edge_desc, op_desc, op_evidence, payload, since, sort_key,
                       waiter_evidence, waiting_summary, wanted_desc)
 
@@ -101,11 +103,13 @@ def _classify(ctx: WaitContext, graph: WaitGraph) -> tuple[list[Finding], list[l
     for role, items in endpoints.items():
         if not items:
             continue
-        if len(items) <= MAX_ROOTS_PER_ROLE:
-            findings += [_endpoint_finding(ctx, r, role, ws) for r, ws in items]
-        else:   # a node failure kills 8 ranks at once: one finding, not 8
+        if len(items) > MAX_ROOTS_PER_ROLE:   # a node failure kills 8 ranks at once: one finding, not 8
             findings.append(_endpoint_group_finding(ctx, items, role))
-    findings += _stalled_findings(ctx, stalled, comps, comp_of, waiters_of)
+            continue
+        for same in (same_stop(ctx, items) if role == "idle" else [[it] for it in items]):
+            findings.append(_endpoint_finding(ctx, same[0][0], role, same[0][1]) if len(same) == 1
+                            else same_stop_finding(ctx, same))
+    findings += stalled_findings(ctx, stalled, comps, comp_of, waiters_of)
     findings.sort(key=lambda kf: kf[0])
     out = [f for _, f in findings]
     named = {r for f in out for r in f.ranks}
@@ -160,6 +164,9 @@ def _cycle_finding(ctx: WaitContext, comp: list[int], cycle: list[int], waiters:
     leavers = cycle_leavers(ctx.coll, ctx.ix.p2p, ctx.blocking, comp)
     if leavers:
         return left_loop_finding(ctx, comp, cycle, waiters | set(comp), leavers)
+    skip = _skip_suspects(ctx, inside, p2p=True)
+    if skip is not None:
+        return _skip_finding(ctx, comp, cycle, waiters | set(comp), skip)
     steps = []
     for a, b in zip(cycle, cycle[1:] + cycle[:1]):
         e = inside[(inside["waiter"] == a) & (inside["target"] == b)].iloc[0]
@@ -196,8 +203,9 @@ def _cycle_finding(ctx: WaitContext, comp: list[int], cycle: list[int], waiters:
         kind="deadlock", severity="error", title=title, ranks=sorted(comp), evidence=ev, **pl)
 
 
-def _skip_suspects(ctx: WaitContext, inside: pd.DataFrame) -> pd.DataFrame | None:
-    """Cycle edges into a rank that skipped an instance a strict majority entered, and went on elsewhere."""
+def _skip_suspects(ctx: WaitContext, inside: pd.DataFrame, p2p: bool = False) -> pd.DataFrame | None:
+    """Cycle edges into a rank that skipped an instance a strict majority entered, and went on elsewhere
+    (with `p2p`: also to a send/recv its own loop issues after that instance, loop_order.p2p_passers)."""
     e0 = inside[(inside["via"] == S.KIND_COLLECTIVE) & (inside["reason"] == "not begun")]
     e = e0[2 * e0["n_began"] > e0["n_members"]]
     if not len(e0):
@@ -215,7 +223,8 @@ def _skip_suspects(ctx: WaitContext, inside: pd.DataFrame) -> pd.DataFrame | Non
     # (No majority needed here: in a 2-member group 1 of 2 began it, and the target's later step says who left.)
     later = e0.merge(wstep, on=["waiter", "op_id"]).merge(tstep, left_on="target", right_index=True)
     later = later[(later["waiter_step"] >= 0) & (later["target_step"] > later["waiter_step"])]
-    elsewhere = pd.concat([elsewhere, later[list(e0.columns)], loop_passers(ctx, e0)], ignore_index=True).drop_duplicates(
+    elsewhere = pd.concat([elsewhere, later[list(e0.columns)], loop_passers(ctx, e0)] + ([p2p_passers(ctx, e)] if p2p else []),
+                          ignore_index=True).drop_duplicates(
         ["waiter", "target", "process_group", "seq"])
     # the first deviation, not the majority: a target that has not reached the instance in its own loop
     # (it waits in an op its loop issues before this one) did not skip it, whatever the others began
@@ -397,52 +406,3 @@ def _endpoint_group_finding(ctx: WaitContext, items: list[tuple[int, set[int]]],
     pl = payload(ctx, roots, waiters, direct, start, summary, rank_role=role)
     return sort_key(waiters | set(roots), start), Finding(kind=kind, severity="error", title=title, ranks=roots,
                                                            evidence=ev[:MAX_EVIDENCE * 2], **pl)
-
-
-def _stalled_findings(ctx: WaitContext, stalled: list[int], comps: list[list[int]], comp_of: dict[int, int],
-                      waiters_of: dict[int, set[int]]) -> list[tuple[tuple, Finding]]:
-    """Ranks blocked in an op every counterpart posted: one `hang` per stalled op."""
-    if not stalled:
-        return []
-    b = ctx.blocking[ctx.blocking["rank"].isin(stalled)].drop_duplicates("rank", keep="last")
-    is_coll = b["kind"] == S.KIND_COLLECTIVE
-    is_send = direction(b["op_name"]) == "send"
-    src = np.where(is_send, b["rank"], b["peer"])
-    dst = np.where(is_send, b["peer"], b["rank"])
-    unit = np.where(is_coll, "c:" + b["process_group"].astype(str) + "#" + b["collective_seq_id"].astype(str),
-                    "p:" + pd.Series(src, index=b.index).astype(str) + ">" + pd.Series(dst, index=b.index).astype(str)
-                    + ":" + b["tag"].astype(str) + "#" + b["p2p_seq_id"].astype(str))
-    out = []
-    for _, sub in b.assign(unit=unit).groupby("unit", sort=False):
-        ranks = sorted(int(r) for r in sub["rank"])
-        waiters = set().union(*(waiters_of.get(comp_of[r], set()) for r in ranks)) - set(ranks)
-        row = sub.iloc[0]
-        summary, start, direct = waiting_summary(ctx, waiters, ranks)
-        start_all = int(sub["start_ns"].min())
-        if row["kind"] == S.KIND_COLLECTIVE:
-            g, k = str(row["process_group"]), int(row["collective_seq_id"])
-            done = ctx.coll[(ctx.coll["process_group"] == g) & (ctx.coll["collective_seq_id"] == k)
-                            & (ctx.coll["status"] == S.STATUS_OK)]["rank"]
-            title = (f"{rank_label(ctx.trace, ranks)} stuck in {row['op_name']} #{k} on "
-                     f"{ctx.ix.label(g)}{since(ctx.end, start_all, ' for ')} although every "
-                     f"member posted it")
-            if len(done):
-                title += f" ({rank_label(ctx.trace, done)} completed it)"
-            title += ": no rank is missing; look for a mismatch or a transport fault"
-            extra, inst = {"stalled": [g, k]}, (g, k)
-        else:
-            title = (f"{rank_label(ctx.trace, ranks)} stuck in {op_desc(ctx, row)}{since(ctx.end, start_all, ' for ')}"
-                     f" although the peer posted the matching op: "
-                     f"look for a size mismatch or a transport fault")
-            extra = {"stalled_p2p": [int(row["rank"]), str(row["op_name"]), int(row["peer"]), int(row["p2p_seq_id"])]}
-            inst = None
-        if summary:
-            title += f"; {summary}"
-        ev = [op_evidence(r, f"{r.status}, stalled{since(ctx.end, r.start_ns)}")
-              for r in sub.head(MAX_EVIDENCE).itertuples(index=False)]
-        ev += waiter_evidence(ctx, waiters, direct, ranks)
-        pl = payload(ctx, ranks, waiters, direct, start_all, summary, ambiguous=len(ranks) > 1, instance=inst, **extra)
-        out.append((sort_key(waiters | set(ranks), start_all),
-                    Finding(kind="hang", severity="error", title=title, ranks=ranks, evidence=ev, **pl)))
-    return out
-
