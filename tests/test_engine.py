@@ -126,15 +126,22 @@ def test_the_cli_gives_one_document_in_process_on_local_workers_and_on_a_cluster
     assert "ncclscope: rank directories read 64/64" in text.stderr
 
 
-def test_engine_flags_that_cannot_work_are_one_line_exit_2(synth):
-    bad = _cli(str(synth), "--scheduler", "tcp://127.0.0.1:9")       # nothing listens there
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "--scheduler tcp://127.0.0.1:9" in bad.stderr
-    both = _cli(str(synth), "--workers", "2", "--scheduler", "tcp://127.0.0.1:9")
-    assert both.returncode == 2 and "give one" in both.stderr
-    neg = _cli(str(synth), "--workers", "-1")
-    assert neg.returncode == 2 and "--workers -1" in neg.stderr
-    lots = _cli(str(synth), "--workers", "2", "--worker-memory", "lots")
-    assert lots.returncode == 2 and lots.stderr.count("\n") == 1 and "'lots'" in lots.stderr, lots.stderr
+def test_engine_flags_that_cannot_work_are_one_line_exit_2(synth, monkeypatch, capsys):
+    from ncclscope.cli.main import main
+    from ncclscope.engine import cluster
+    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT_S", 2)              # the CLI waits 10 s; the test need not
+
+    def cli(*args: str) -> tuple[int, str]:
+        rc = main(["analyze", str(synth), *args])
+        return rc, capsys.readouterr().err
+    rc, err = cli("--scheduler", "tcp://127.0.0.1:9")                  # nothing listens there
+    assert rc == 2 and err.count("\n") == 1 and "--scheduler tcp://127.0.0.1:9" in err, err
+    rc, err = cli("--workers", "2", "--scheduler", "tcp://127.0.0.1:9")
+    assert rc == 2 and "give one" in err
+    rc, err = cli("--workers", "-1")
+    assert rc == 2 and "--workers -1" in err
+    rc, err = cli("--workers", "2", "--worker-memory", "lots")
+    assert rc == 2 and err.count("\n") == 1 and "'lots'" in err, err
     # a worker past the memory limit Dask enforces: it is restarted, the task retried, then one line, exit 2
     small = _cli(str(synth), "--json", "--workers", "2", "--worker-memory", "100MB")
     assert small.returncode == 2 and small.stdout == "" and small.stderr.count("\n") == 1, small.stderr

@@ -179,6 +179,22 @@ def test_a_rank_slow_before_a_p2p_exchange_is_named_though_no_collective_shows_i
     assert "p2p transfers" in a.verdict
 
 
+def test_a_rank_slow_before_a_ring_exchange_is_named_in_a_script_that_marks_no_steps() -> None:
+    """seed 20261209 #69 (its run directory as written, less samples): 5 ranks, no optimizer, so no step
+    marks; every iteration opens with an isend/irecv ring and rank 3 sleeps 150 ms at its end. The ring
+    spreads the delay to every rank before the all_gathers, so no collective shows a late arrival, and the
+    transfers were counted only in traces with marked steps: OK. Each side of a transfer now takes the loop
+    iteration its rank issued it in (its sends and receives read with its collectives:
+    straggler_arrival.p2p_loop_steps), and the ring's transfers show rank 3 posting 150 ms late."""
+    from pathlib import Path
+
+    from ncclscope.load.trace import load
+    from ncclscope.verdict import run
+    a = run(load(Path(__file__).parent / "data" / "randprog" / "rp20261209_069_slow"))
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("straggler", [3]), a.verdict
+    assert "p2p transfers" in a.verdict
+
+
 def test_p2p_transfers_of_a_pipeline_where_every_send_waits_on_its_own_compute_name_no_straggler() -> None:
     """The other side of with_p2p_pairs: in a pipeline every stage's send is late against the recv posted
     for it (it computes first), and so every stage alike; none is late against its peers' median."""

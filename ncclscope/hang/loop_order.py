@@ -15,6 +15,14 @@ Each rank's collectives are read in the order the rank issued them (op_id),
 so dumps without timestamps are read the same; the period and phase come from
 `repetition.virtual_steps`. A sequence that never repeats MIN_REPEATS times
 (a hang in the first iteration) proves nothing either way.
+
+Two lighter readings of the same idea: a rank blocked in send/recv is read
+with its p2p calls among its collectives (`p2p_passers`: it went past the
+collective the others entered to a later statement of its loop), and a 1 vs
+1 type/size tie is decided by what each member's own calls on the group issue
+after the same context (`predicted_next`, `sequence_deviant`): one earlier
+iteration is enough there, because it only chooses between two calls that
+already disagree.
 """
 from __future__ import annotations
 

@@ -79,6 +79,8 @@ def analyze_waits(source: IndexLike) -> WaitReport:
 def _classify(ctx: WaitContext, graph: WaitGraph) -> tuple[list[Finding], list[list[int]]]:
     comps, comp_of, waiters_of = graph.comps, graph.comp_of, graph.waiters_of
     findings: list[tuple[tuple, Finding]] = []
+    unknown: list[tuple[tuple, Finding]] = []     # idle chain ends: after any rank that left its loop
+    departed: list[tuple[tuple, Finding]] = []    # cycles rooted at a rank that left its loop
     cycles: list[list[int]] = []
     stalled: list[int] = []
     endpoints: dict[str, list[tuple[int, set[int]]]] = {}
@@ -87,7 +89,8 @@ def _classify(ctx: WaitContext, graph: WaitGraph) -> tuple[list[Finding], list[l
         if len(comp) > 1:
             cycle = graph.cycle(c)
             cycles.append(cycle)
-            findings.append(_cycle_finding(ctx, comp, cycle, ws))
+            kf = _cycle_finding(ctx, comp, cycle, ws)
+            (departed if kf[1].kind == "hang" else findings).append(kf)
             continue
         r = comp[0]
         role = ctx.st.at[r, "role"] if r in ctx.st.index else "dead"
@@ -99,19 +102,30 @@ def _classify(ctx: WaitContext, graph: WaitGraph) -> tuple[list[Finding], list[l
         left = finished_by_leavers(ctx, *item)
         if left is not None:
             endpoints["finished"].remove(item)
-            findings.append(left)
+            departed.append(left)
     for role, items in endpoints.items():
         if not items:
             continue
         if len(items) > MAX_ROOTS_PER_ROLE:   # a node failure kills 8 ranks at once: one finding, not 8
-            findings.append(_endpoint_group_finding(ctx, items, role))
+            (unknown if role == "idle" else findings).append(_endpoint_group_finding(ctx, items, role))
             continue
         for same in (same_stop(ctx, items) if role == "idle" else [[it] for it in items]):
-            findings.append(_endpoint_finding(ctx, same[0][0], role, same[0][1]) if len(same) == 1
-                            else same_stop_finding(ctx, same))
+            kf = (_endpoint_finding(ctx, same[0][0], role, same[0][1]) if len(same) == 1
+                  else same_stop_finding(ctx, same))
+            (unknown if role == "idle" else findings).append(kf)
     findings += stalled_findings(ctx, stalled, comps, comp_of, waiters_of)
-    findings.sort(key=lambda kf: kf[0])
-    out = [f for _, f in findings]
+    # A rank in no op whose state nothing says (a dump's rank blocked in a send/recv gloo does not record
+    # looks just like this) may be waiting on a rank that left its loop; the departure is the first
+    # deviation and comes before it. Otherwise every root keeps its place (most waiters, earliest first).
+    if departed:
+        findings += departed
+        findings.sort(key=lambda kf: kf[0])
+        last = max(i for i, kf in enumerate(findings) if any(kf is d for d in departed))
+        unknown.sort(key=lambda kf: kf[0])
+        ordered = findings[:last + 1] + unknown + findings[last + 1:]
+    else:
+        ordered = sorted(findings + unknown, key=lambda kf: kf[0])
+    out = [f for _, f in ordered]
     named = {r for f in out for r in f.ranks}
     quiet = _unwaited_dead(ctx, named)
     return out + ([quiet] if quiet else []), cycles

@@ -169,14 +169,8 @@ def loop_steps(ops: pd.DataFrame, coll: pd.DataFrame, inst: pd.DataFrame
         return None
     c = c[["rank", "process_group", "collective_seq_id", "start_ns", "call_site", "op_name"]].sort_values(
         ["rank", "start_ns"], kind="stable")
-    keys = (c["call_site"].astype(str) + "|" + c["op_name"].astype(str) + "|" + c["process_group"].astype(str)).to_numpy()
     ranks = c["rank"].to_numpy()
-    it = np.full(len(c), -1, dtype=np.int64)
-    bounds = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1], True])
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        got = loop_iterations(list(keys[a:b]))
-        if got is not None:
-            it[a:b] = got
+    it = _iterations(c)
     if not (it >= 0).any():
         return None
     per = pd.DataFrame({"process_group": c["process_group"].astype(str).to_numpy(),
@@ -296,3 +290,44 @@ def with_p2p_pairs(ops: pd.DataFrame, pairs: pd.DataFrame, coll: pd.DataFrame, i
     inst = pd.concat([inst, add[inst.columns]], ignore_index=True)
     coll = pd.concat([coll, members[coll.columns]], ignore_index=True)
     return coll, inst
+
+
+def p2p_loop_steps(ops: pd.DataFrame, pairs: pd.DataFrame) -> pd.DataFrame | None:
+    """`pairs` with each side's step the iteration of the loop its op was issued in, for a trace that marks
+    no steps: each rank's calls (its sends and receives read with its collectives, in issue order) repeat
+    one loop body (repetition.loop_iterations). A transfer both of whose sides fall in one iteration is then
+    a rendezvous of that iteration for `with_p2p_pairs`, as in a trace with marked steps. None when no rank's
+    calls repeat or there is no pair."""
+    if not len(pairs) or "call_site" not in ops.columns:
+        return None
+    kinds = (ops["kind"] == S.KIND_P2P) | ((ops["kind"] == S.KIND_COLLECTIVE) & (ops["process_group"] != ""))
+    c = ops.loc[kinds.to_numpy(), ["rank", "op_id", "call_site", "op_name", "process_group"]]
+    if not len(c):
+        return None
+    c = c.sort_values(["rank", "op_id"], kind="stable")
+    ranks = c["rank"].to_numpy().astype(np.int64)
+    it = _iterations(c)
+    if not (it >= 0).any():
+        return None
+    of = pd.Series(it, index=pd.MultiIndex.from_arrays([ranks, c["op_id"].to_numpy().astype(np.int64)]))
+    of = of[~of.index.duplicated(keep="first")]
+
+    def side(rank: str, op_id: str) -> np.ndarray:
+        at = pd.MultiIndex.from_arrays([pairs[rank].to_numpy().astype(np.int64),
+                                        pairs[op_id].fillna(-1).to_numpy().astype(np.int64)])
+        return of.reindex(at).fillna(-1).to_numpy().astype(np.int64)
+    return pairs.assign(send_step=side("src", "send_op_id"), recv_step=side("dst", "recv_op_id"))
+
+
+def _iterations(c: pd.DataFrame) -> np.ndarray:
+    """Per row of `c` (sorted by rank, then issue order): the loop iteration of the call in its rank's
+    sequence of (call site, op, group), -1 outside the loop or where the rank's calls never repeat."""
+    keys = (c["call_site"].astype(str) + "|" + c["op_name"].astype(str) + "|" + c["process_group"].astype(str)).to_numpy()
+    ranks = c["rank"].to_numpy()
+    it = np.full(len(c), -1, dtype=np.int64)
+    bounds = np.flatnonzero(np.r_[True, ranks[1:] != ranks[:-1], True])
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        got = loop_iterations(list(keys[a:b]))
+        if got is not None:
+            it[a:b] = got
+    return it

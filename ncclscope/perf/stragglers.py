@@ -86,7 +86,8 @@ from ncclscope.load.trace import Trace
 from ncclscope.index.views import index_of, release_heap
 from ncclscope.index.labels import rank_label
 from ncclscope.perf.straggler_arrival import (arrival_effect, arrival_lateness, cadence_step_times, loop_steps,
-                                              held_by, pseudo_steps, with_p2p_pairs, with_release, P2P_GROUP)
+                                              held_by, p2p_loop_steps, pseudo_steps, with_p2p_pairs, with_release,
+                                              P2P_GROUP)
 from ncclscope.perf.straggler_stats import ARRIVAL, shortfall_text, significance, stats_text
 
 MS = 1e6
@@ -198,10 +199,14 @@ def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, m
     # (one step number on every op is no step marking: a script whose loop never calls an optimizer)
     by_arrival = not len(cstep)
     steps_marked = bool(len(inst)) and inst.loc[inst["step"] >= 0, "step"].nunique() >= 2
+    pairs = index_of(trace).p2p_pairs if by_arrival else None
     if by_arrival and not steps_marked:
-        coll, inst = loop_steps(trace.ops, coll, inst) or pseudo_steps(coll, inst)
-    if by_arrival and steps_marked:       # a transfer that absorbed a slow rank's delay (with_p2p_pairs)
-        coll, inst = with_p2p_pairs(trace.ops, index_of(trace).p2p_pairs, coll, inst)
+        looped = loop_steps(trace.ops, coll, inst)
+        coll, inst = looped or pseudo_steps(coll, inst)
+        # the transfers too, each in the loop iteration its sides were issued in (none: no loop to count)
+        pairs = p2p_loop_steps(trace.ops, pairs) if looped is not None else None
+    if by_arrival and pairs is not None:  # a transfer that absorbed a slow rank's delay (with_p2p_pairs)
+        coll, inst = with_p2p_pairs(trace.ops, pairs, coll, inst)
     if by_arrival:
         coll = with_release(trace.ops, coll)
         inst = held_by(coll, inst)
