@@ -63,9 +63,13 @@ def rank_sequence(coll: pd.DataFrame, rank: int, p2p: pd.DataFrame | None = None
     return c.sort_values("op_id", kind="stable")
 
 
+def _token(op: object, group: object, site: object) -> str:
+    return f"{op}\x1f{group}\x1f{site}"
+
+
 def _tokens(seq: pd.DataFrame) -> list[str]:
-    return [f"{o}\x1f{g}\x1f{s}" for o, g, s in zip(seq["op_name"].astype(str), seq["process_group"].astype(str),
-                                                   seq["call_site"].astype(str))]
+    return [_token(o, g, s) for o, g, s in zip(seq["op_name"].astype(str), seq["process_group"].astype(str),
+                                               seq["call_site"].astype(str))]
 
 
 def departure(coll: pd.DataFrame, rank: int) -> Departure | None:
@@ -256,10 +260,10 @@ def predicted_next(tokens: list[str]) -> tuple[str, int] | None:
     return said, sum(1 for j, m in lengths.items() if m >= MIN_CONTEXT and tokens[j + 1] == said)
 
 
-def sequence_deviant(coll: pd.DataFrame, rows: pd.DataFrame, group: str) -> tuple[int, str, int] | None:
+def sequence_deviant(coll: pd.DataFrame, rows: pd.DataFrame, group: str) -> tuple[int, str, str, int] | None:
     """Of the members' calls `rows` (one instance of `group`), the one rank whose call is not what its own
     earlier calls on the group predict there (predicted_next) while every other member's call is:
-    (rank, the predicted token, how many earlier occurrences say so). None otherwise."""
+    (rank, the predicted op, its call site, how many earlier occurrences say so). None otherwise."""
     if len(rows) < 2:
         return None
     off, fit = [], 0
@@ -272,8 +276,9 @@ def sequence_deviant(coll: pd.DataFrame, rows: pd.DataFrame, group: str) -> tupl
         pred = predicted_next(_tokens(mine))
         if pred is None:
             return None
-        if pred[0] == _tokens(pd.DataFrame([row._asdict()]))[0]:
+        if pred[0] == _token(row.op_name, row.process_group, row.call_site):
             fit += 1
         else:
-            off.append((int(row.rank), *pred))
+            op, _, site = pred[0].split("\x1f")
+            off.append((int(row.rank), op, site, pred[1]))
     return off[0] if len(off) == 1 and fit == len(rows) - 1 else None

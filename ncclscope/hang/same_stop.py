@@ -17,37 +17,41 @@ wrong peer is usually below the rank it left waiting).
 """
 from __future__ import annotations
 
-from ncclscope.findings import Evidence, Finding
-from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, payload, sort_key, waiter_evidence, waiting_summary,
-                                    wanted_desc)
+from ncclscope.findings import Finding
+from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, last_op_evidence, payload, sort_key, waiter_evidence,
+                                    waiting_summary, wanted_desc)
 from ncclscope.index.labels import rank_label
 
+StopPoint = tuple[str, str, str]       # what the rank never posted, its last op, that op's status
 
-def stop_point(ctx: WaitContext, r: int) -> tuple[str, str, str]:
+
+def stop_point(ctx: WaitContext, r: int) -> StopPoint:
     """Where an idle rank stopped, as far as the evidence says: what it never posted and its last op."""
     into = ctx.edges.select(targets=[r])
     row = ctx.st.loc[r]
     return (wanted_desc(ctx, into.iloc[0]) if len(into) else "", str(row.last_op), str(row.last_op_status))
 
 
-def same_stop(ctx: WaitContext, items: list[tuple[int, set[int]]]) -> list[list[tuple[int, set[int]]]]:
+def same_stop(ctx: WaitContext, items: list[tuple[int, set[int]]]
+              ) -> list[tuple[StopPoint, list[tuple[int, set[int]]]]]:
     """Idle chain ends split by where they stopped. Ranks in no communication op that never posted
     the same op and whose last op is the same stopped at one point of the program: nothing in the
     evidence orders them (a Flight Recorder dump of gloo records no p2p op, so a pair deadlocked
     in send/recv looks exactly like this)."""
-    by: dict[tuple[str, str, str], list[tuple[int, set[int]]]] = {}
+    by: dict[StopPoint, list[tuple[int, set[int]]]] = {}
     for it in items:
         by.setdefault(stop_point(ctx, it[0]), []).append(it)
-    return list(by.values())
+    return list(by.items())
 
 
-def same_stop_finding(ctx: WaitContext, items: list[tuple[int, set[int]]]) -> tuple[tuple, Finding]:
-    """Several idle ranks that stopped at the same point: one `hang`, the lowest as its root, all named."""
+def same_stop_finding(ctx: WaitContext, items: list[tuple[int, set[int]]], point: StopPoint
+                      ) -> tuple[tuple, Finding]:
+    """Several idle ranks that stopped at `point`: one `hang`, the lowest as its root, all named."""
     items = sorted(items)
     stopped = [r for r, _ in items]
     roots = stopped[:1]
     waiters = set().union(*(ws for _, ws in items)) - set(stopped)
-    wanted, last_op, status = stop_point(ctx, roots[0])
+    wanted, last_op, status = point
     summary, start, direct = waiting_summary(ctx, waiters, stopped)
     rest = stopped[1:]
     title = (f"{rank_label(ctx.trace, roots)} never posted {wanted or 'its next op'} and is in no "
@@ -56,9 +60,7 @@ def same_stop_finding(ctx: WaitContext, items: list[tuple[int, set[int]]]) -> tu
              f"stopped first (the lowest rank is named)")
     if summary:
         title += f"; {summary}"
-    ev = [Evidence(rank=r, note=f"last op: {ctx.st.at[r, 'last_op']} ({ctx.st.at[r, 'last_op_status'] or 'n/a'})",
-                   op_name=str(ctx.st.at[r, "last_op"]), time_ns=int(ctx.st.at[r, "last_op_start_ns"]))
-          for r in stopped[:MAX_EVIDENCE]]
+    ev = [last_op_evidence(ctx, r) for r in stopped[:MAX_EVIDENCE]]
     ev += waiter_evidence(ctx, waiters, direct, stopped)
     pl = payload(ctx, roots, waiters | set(rest), direct, start, summary, rank_role="idle", ambiguous=True,
                  same_stop=stopped)

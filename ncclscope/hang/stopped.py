@@ -351,11 +351,11 @@ def _history_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: dict, base: Fi
                    instance=InstanceRef(g, k), data=data, cause=cause, layout=HISTORY_LAYOUT)
 
 
-def _sequence_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: tuple[int, str, int], base: Finding) -> Finding:
+def _sequence_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: tuple[int, str, str, int],
+                      base: Finding) -> Finding:
     """A tie decided by the members' own sequences on the group (loop_order.sequence_deviant): the rank
     whose call is not the one its earlier calls issue at that point, where every other member's is."""
-    rank, said, n = dev
-    op, _, site = said.split("\x1f")
+    rank, op, site, n = dev
     mine = rows[rows["rank"] == rank].iloc[0]
     others = rows[rows["rank"] != rank].sort_values("rank")
     at = f" at {mine['call_site']}" if str(mine["call_site"]) else ""

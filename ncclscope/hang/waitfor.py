@@ -45,8 +45,9 @@ from ncclscope.index.wait_edges import WaitEdges
 from ncclscope.index.waitgraph import WaitGraph, wait_graph
 from ncclscope.hang.same_stop import same_stop, same_stop_finding
 from ncclscope.hang.stalled import stalled_findings
-from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, at_site, edge_desc, op_desc, op_evidence, payload, since, sort_key,
-                      waiter_evidence, waiting_summary, wanted_desc)
+from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, at_site, edge_desc, last_op_evidence, op_desc,
+                                    op_evidence, payload, since, sort_key, waiter_evidence, waiting_summary,
+                                    wanted_desc)
 
 MAX_ROOTS_PER_ROLE = 4           # more chain ends of one kind are reported as one finding
 MAX_HOPS = 4                     # cycle hops spelled out in a deadlock title
@@ -109,9 +110,9 @@ def _classify(ctx: WaitContext, graph: WaitGraph) -> tuple[list[Finding], list[l
         if len(items) > MAX_ROOTS_PER_ROLE:   # a node failure kills 8 ranks at once: one finding, not 8
             (unknown if role == "idle" else findings).append(_endpoint_group_finding(ctx, items, role))
             continue
-        for same in (same_stop(ctx, items) if role == "idle" else [[it] for it in items]):
+        for point, same in (same_stop(ctx, items) if role == "idle" else [(None, [it]) for it in items]):
             kf = (_endpoint_finding(ctx, same[0][0], role, same[0][1]) if len(same) == 1
-                  else same_stop_finding(ctx, same))
+                  else same_stop_finding(ctx, same, point))
             (unknown if role == "idle" else findings).append(kf)
     findings += stalled_findings(ctx, stalled, comps, comp_of, waiters_of)
     # A rank in no op whose state nothing says (a dump's rank blocked in a send/recv gloo does not record
@@ -120,7 +121,8 @@ def _classify(ctx: WaitContext, graph: WaitGraph) -> tuple[list[Finding], list[l
     if departed:
         findings += departed
         findings.sort(key=lambda kf: kf[0])
-        last = max(i for i, kf in enumerate(findings) if any(kf is d for d in departed))
+        ids = {id(kf) for kf in departed}
+        last = max(i for i, kf in enumerate(findings) if id(kf) in ids)
         unknown.sort(key=lambda kf: kf[0])
         ordered = findings[:last + 1] + unknown + findings[last + 1:]
     else:
@@ -138,10 +140,7 @@ def _unwaited_dead(ctx: WaitContext, named: set[int]) -> Finding | None:
     if not len(quiet):
         return None
     ranks = [int(r) for r in quiet.index]
-    ev = []
-    for r, row in quiet.head(MAX_EVIDENCE).iterrows():
-        ev.append(Evidence(rank=int(r), note=str(row.dead_reason), op_name=str(row.last_op),
-                           time_ns=int(row.last_op_start_ns)))
+    ev = [last_op_evidence(ctx, int(r), str(row.dead_reason)) for r, row in quiet.head(MAX_EVIDENCE).iterrows()]
     them = "it" if len(ranks) == 1 else "them"
     title = f"{rank_label(ctx.trace, ranks)} ended with no rank waiting on {them}: {ev[0].note}"
     if len(ranks) > 1:
@@ -352,8 +351,7 @@ def _endpoint_finding(ctx: WaitContext, r: int, role: str, waiters: set[int]) ->
     into = ctx.edges.select(targets=[r])
     wanted = wanted_desc(ctx, into.iloc[0]) if len(into) else "its next op"
     ev: list[Evidence] = []
-    last = Evidence(rank=r, note=f"last op: {row.last_op} ({row.last_op_status or 'n/a'})",
-                    op_name=str(row.last_op), time_ns=int(row.last_op_start_ns))
+    last = last_op_evidence(ctx, r)
     if role == "dead":
         kind, title = "dead_rank", f"{who} {str(row.dead_reason)}"
         if row.last_op:
@@ -410,11 +408,8 @@ def _endpoint_group_finding(ctx: WaitContext, items: list[tuple[int, set[int]]],
     lead = first.title.split("; ")[0]
     title = f"{rank_label(ctx.trace, roots)} {what} (first: {lead})" + (f"; {summary}" if summary else "")
     ev = [e for e in first.evidence if e.rank == roots[0]]
-    for r in roots[1:MAX_EVIDENCE]:
-        row = ctx.st.loc[r]
-        note = (str(row.dead_reason) if role == "dead"
-                else f"last op: {row.last_op} ({row.last_op_status or 'n/a'})")
-        ev.append(Evidence(rank=r, note=note, op_name=str(row.last_op), time_ns=int(row.last_op_start_ns)))
+    ev += [last_op_evidence(ctx, r, str(ctx.st.at[r, "dead_reason"]) if role == "dead" else None)
+           for r in roots[1:MAX_EVIDENCE]]
     ev += waiter_evidence(ctx, waiters, direct, roots)
     kind = {"dead": "dead_rank", "computing": "stuck_in_compute"}.get(role, "hang")
     pl = payload(ctx, roots, waiters, direct, start, summary, rank_role=role)

@@ -178,6 +178,14 @@ def waiter_evidence(ctx: WaitContext, waiters: set[int], direct: list[int], root
     return ev
 
 
+def last_op_evidence(ctx: WaitContext, r: int, note: str | None = None) -> Evidence:
+    """Rank `r`'s last op from its end state (`note` replaces the "last op: ..." text)."""
+    row = ctx.st.loc[r]
+    return Evidence(rank=int(r), note=note if note is not None else
+                    f"last op: {row.last_op} ({row.last_op_status or 'n/a'})",
+                    op_name=str(row.last_op), time_ns=int(row.last_op_start_ns))
+
+
 def op_evidence(row: object, note: str) -> Evidence:
     kind = getattr(row, "kind", "")
     seq = int(row.collective_seq_id) if kind == S.KIND_COLLECTIVE else int(getattr(row, "p2p_seq_id", -1))

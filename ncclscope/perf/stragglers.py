@@ -199,13 +199,15 @@ def analyze_stragglers(trace: Trace, min_saving_frac: float = MIN_SAVING_FRAC, m
     # (one step number on every op is no step marking: a script whose loop never calls an optimizer)
     by_arrival = not len(cstep)
     steps_marked = bool(len(inst)) and inst.loc[inst["step"] >= 0, "step"].nunique() >= 2
-    pairs = index_of(trace).p2p_pairs if by_arrival else None
+    pairs = None                          # transfers that may have absorbed a slow rank's delay (with_p2p_pairs)
     if by_arrival and not steps_marked:
         looped = loop_steps(trace.ops, coll, inst)
         coll, inst = looped or pseudo_steps(coll, inst)
-        # the transfers too, each in the loop iteration its sides were issued in (none: no loop to count)
-        pairs = p2p_loop_steps(trace.ops, pairs) if looped is not None else None
-    if by_arrival and pairs is not None:  # a transfer that absorbed a slow rank's delay (with_p2p_pairs)
+        if looped is not None:            # each side in the loop iteration it was issued in
+            pairs = p2p_loop_steps(trace.ops, index_of(trace).p2p_pairs)
+    elif by_arrival:
+        pairs = index_of(trace).p2p_pairs
+    if pairs is not None:
         coll, inst = with_p2p_pairs(trace.ops, pairs, coll, inst)
     if by_arrival:
         coll = with_release(trace.ops, coll)
