@@ -4,6 +4,8 @@ Pure logic (no processes): every case is stated op by op with `TraceBuilder`.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ncclscope.hang.schedule_check import expected_tokens, find_schedule_deviations
@@ -670,3 +672,68 @@ def test_a_rank_that_left_its_loop_comes_before_ranks_whose_state_nothing_says()
     a = run(load_flight_recorder(Path(__file__).parent / "data" / "randprog" / "rp20261209_046_skip_fr"))
     assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("hang", [0]), a.verdict
     assert "never posted all_gather #4 on mesh_sp:1" in a.verdict
+
+
+def _dumps_as_cloned(name: str, tmp_path: Path) -> Path:
+    """A fixture's dumps copied as a fresh clone has them: every file's time is now, not when torch wrote it."""
+    import shutil
+    dst = tmp_path / name
+    shutil.copytree(Path(__file__).parent / "data" / "randprog" / name, dst)
+    return dst
+
+
+def test_a_lone_record_whose_partner_left_no_dump_breaks_its_one_earlier_call_from_the_same_line(tmp_path) -> None:
+    """seed 20261209 #59 (rank 1's gloo dump as written): 2 ranks; in step 1 rank 1 passes 1002 elements to an
+    all_gather_into_tensor where it passed 1000 in step 0 from the same line. gloo aborted rank 0 on the size
+    mismatch, so its record of the op died with it and the verdict read "DEAD RANK: rank 0": the consequence.
+    With the partner's whole dump gone nothing else can speak for the op, so one earlier call from the very
+    call site is history enough (two are asked where a partner's record could still disagree)."""
+    from ncclscope.load.foreign.flight_recorder import load_flight_recorder
+    from ncclscope.verdict import run
+    a = run(load_flight_recorder(_dumps_as_cloned("rp20261209_059_size_fr", tmp_path)))
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("collective_mismatch", [1]), a.verdict
+    assert "passed sizes [[1002]]" in a.verdict and "rp20261209_059_size.py:39" in a.verdict
+    assert "rank 0 left no record of #5" in a.verdict
+
+
+def test_an_all_to_all_that_received_other_rows_than_it_sent_had_a_peer_that_left_no_dump(tmp_path) -> None:
+    """seed 20261209 #183 (rank 0's gloo dump as written): 2 ranks, rank 1 calls os._exit(137) and leaves no
+    dump, and rank 0's dump has no all_gather to count the world by: one rank, "OK". Its all_to_all_single on a
+    new group sent 4 rows and received 3: a group of one sends itself what it receives, so the group, and the
+    world, had another member, and rank 1 is one of them (fr_world.group_floors)."""
+    from ncclscope.load.foreign.flight_recorder import load_flight_recorder
+    from ncclscope.load.foreign.fr_world import group_floors
+    from ncclscope.verdict import run
+    trace = load_flight_recorder(_dumps_as_cloned("rp20261209_183_exit_fr", tmp_path))
+    assert trace.world_size == 2 and trace.ranks[1].state == "missing"
+    assert any("at least 2 ranks and rank(s) 1 left no dump" in w for w in trace.warnings), trace.warnings
+    a = run(trace)
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("dead_rank", [1]), a.verdict
+
+    class _Ents:            # the rule alone: equal rows say nothing; a list form says nothing
+        n = 3
+        pnames = ["gloo:all_to_all", "gloo:all_to_all", "gloo:all_to_all"]
+        pn_code = __import__("numpy").array([0, 1, 2])
+        pg_code = __import__("numpy").array([0, 1, 2])
+        pg_names = ["0", "1", "2"]
+        size_code = __import__("numpy").array([0, 1, 2])
+        out_size_code = __import__("numpy").array([0, 1, 2])
+        size_texts = ["[[4, 15]]", "[[8, 64]]", "[[3], [3]]"]
+        out_size_texts = ["[[3, 15]]", "[[8, 64]]", "[[2], [4]]"]
+    assert group_floors(_Ents()) == {"0": 2}
+
+
+def test_a_mesh_dimension_s_group_takes_back_its_rank_without_a_dump_by_its_sibling_groups_size() -> None:
+    """seed 20261209 #102: DeviceMesh rep groups {0,1} and {2,3} (both described "mesh_rep"); rank 0 died
+    without a dump, so group 3 was rebuilt as [1] alone and rank 1's deviating all_reduce on it read as
+    complete. The groups of one mesh dimension have one size: with exactly the one missing seat and one rank
+    without a dump, that rank is put back. A user's own description, or two candidates, guesses nothing."""
+    from ncclscope.load.foreign.fr_fixups import group_members
+    dumps = {r: {} for r in (1, 2, 3)}
+    got = group_members([1, 2, 3], ["3", "4", "4"], ["mesh_rep", "mesh_rep", "mesh_rep"], dumps, 4, [])
+    assert got == [(0, 1), (2, 3), (2, 3)]
+    got = group_members([1, 2, 3], ["3", "4", "4"], ["undefined", "undefined", "undefined"], dumps, 4, [])
+    assert got == [(1,), (2, 3), (2, 3)]
+    dumps = {r: {} for r in (1, 2, 3)}
+    got = group_members([1, 2, 3], ["3", "4", "4"], ["mesh_rep", "mesh_rep", "mesh_rep"], dumps, 5, [])
+    assert got == [(1,), (2, 3), (2, 3)]

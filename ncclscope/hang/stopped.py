@@ -37,6 +37,9 @@ from ncclscope.hang.loop_order import sequence_deviant
 from ncclscope.hang.wording import duration
 
 HISTORY_MIN = 2                 # earlier calls that must agree before a rank's history counts
+# ... where the only other member of the instance left no record at all (no dump: its process died): one
+# earlier call from the very call site is enough, for nothing else can speak for the op (module docstring)
+HISTORY_MIN_ALONE = 1
 DUMP_MARKER = "flight_recorder_dump"   # ingest.flight_recorder.DUMP_MARKER: one row per dump, at its mtime
 _CATEGORIES = ("type", "size", "dtype")
 # The JSON order of a history-decided mismatch's `data` (its cause's claims among them), as earlier
@@ -244,15 +247,15 @@ def _values(df: pd.DataFrame, cat: str) -> pd.Series:
     return df["input_dtypes"].astype(str)
 
 
-def _history_value(coll: pd.DataFrame, row, cat: str) -> tuple[str, int, str] | None:
+def _history_value(coll: pd.DataFrame, row, cat: str, least: int = HISTORY_MIN) -> tuple[str, int, str] | None:
     """(the value every earlier completed call of this rank on this group had, how many), from the
-    same call site where the rank has history there, else from all its calls on the group."""
+    same call site where the rank has at least `least` calls there, else from all its calls on the group."""
     h = coll[(coll["rank"] == row.rank) & (coll["process_group"] == row.process_group)
              & (coll["collective_seq_id"] < row.collective_seq_id) & (coll["status"].astype(str) == S.STATUS_OK)]
     same = h[h["call_site"] == row.call_site] if str(row.call_site) else h.iloc[0:0]
-    site = str(row.call_site) if len(same) >= HISTORY_MIN else ""
+    site = str(row.call_site) if len(same) >= least else ""
     h = same if site else h
-    if len(h) < HISTORY_MIN:
+    if len(h) < least:
         return None
     vals = _values(h, cat)
     if vals.nunique() != 1 or (cat != "type" and (vals == "").any()):
@@ -260,15 +263,17 @@ def _history_value(coll: pd.DataFrame, row, cat: str) -> tuple[str, int, str] | 
     return str(vals.iloc[0]), len(h), site
 
 
-def _deviants(coll: pd.DataFrame, rows: pd.DataFrame, same_site: bool = False) -> dict[int, list[tuple[str, str, str, int, str]]]:
+def _deviants(coll: pd.DataFrame, rows: pd.DataFrame, same_site: bool = False,
+              least: int = HISTORY_MIN) -> dict[int, list[tuple[str, str, str, int, str]]]:
     """rank -> [(category, its value, its history's value, n, site)] for the rows that break their own history
-    (site: the call site the history is from, "" when it is every call of the rank on the group)."""
+    (site: the call site the history is from, "" when it is every call of the rank on the group; `least`
+    earlier calls make a history)."""
     out: dict[int, list[tuple[str, str, str, int, str]]] = {}
     for row in rows.itertuples(index=False):
         for cat in _CATEGORIES:
             if cat == "size" and str(row.input_sizes) == "":
                 continue
-            hv = _history_value(coll, row, cat)
+            hv = _history_value(coll, row, cat, least)
             if hv is None or (same_site and not hv[2]):
                 continue
             val = str(_values(pd.DataFrame([row._asdict()]), cat).iloc[0])
@@ -308,7 +313,11 @@ def resolve_by_history(source: IndexLike, findings: list[Finding]) -> list[Findi
             if (g, k) in decided or len(ix.members.get(g, [])) < 2:
                 continue
             rows = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k)]
-            dev = _deviants(coll, rows, same_site=True)     # alone: only its own call site's history speaks
+            # alone: only its own call site's history speaks; one earlier call there is enough when every
+            # other member left no dump at all (its process died: nothing else can speak for the op)
+            absent = set(ix.members.get(g, [])) - set(int(x) for x in rows["rank"])
+            dead = bool(absent) and not any(ix.trace.ranks[a].present for a in absent if a in ix.trace.ranks)
+            dev = _deviants(coll, rows, same_site=True, least=HISTORY_MIN_ALONE if dead else HISTORY_MIN)
             if len(dev) == 1:
                 out.append(_history_finding(ix, g, k, rows, dev))
                 decided.add((g, k))

@@ -31,8 +31,9 @@ def group_members(pair_rank: list[int], pair_pg: list[str], pair_desc: list[str]
     """Members of each distinct (rank, pg_name): from pg_config where it lists them
     (this rank's view, else the view most ranks wrote), else rebuilt from the
     entries (default_pg = the world, any other group = the ranks that used it, completed from the mesh
-    (`complete_groups`) or, where its all_gather shapes give its size (`widths`, fr_world.group_widths) and
-    exactly that many ranks of the world left no dump, with those ranks)."""
+    (`complete_groups`) or, where its all_gather shapes give its size (`widths`, fr_world.group_widths) or
+    the other groups of its DeviceMesh dimension do (one description "mesh_<dim>", one size), and exactly
+    that many ranks of the world left no dump, with those ranks)."""
     config: dict[tuple[int, str], tuple[int, ...]] = {}
     votes: dict[str, dict[tuple[int, ...], int]] = {}
     for rank, dump in dumps.items():
@@ -55,8 +56,13 @@ def group_members(pair_rank: list[int], pair_pg: list[str], pair_desc: list[str]
                and not (desc_of[pg] == "default_pg" or (pg == "0" and desc_of[pg] in ("", "undefined")))}
     completed = complete_groups(rebuilt, set(dumps), world)
     absent = set(range(world)) - set(dumps)
+    # the groups of one DeviceMesh dimension (its description "mesh_<dim>") all have that dimension's size
+    dim_size: dict[str, int] = {}
+    for pg, u in users.items():
+        if desc_of[pg].startswith("mesh_"):
+            dim_size[desc_of[pg]] = max(dim_size.get(desc_of[pg], 0), len(u))
     for pg, u in rebuilt.items():
-        w = (widths or {}).get(pg, 0)
+        w = (widths or {}).get(pg, 0) or dim_size.get(desc_of[pg], 0)
         if pg not in completed and absent and w - len(u) == len(absent):
             completed[pg] = tuple(sorted(u | absent))
     world = max([world] + [max(m) + 1 for m in completed.values()])

@@ -10,6 +10,10 @@ Rules (the same as hang/shape_rules.py applies per op, here read the other way):
 output of W shapes equal to S, or one shape [W] + S (stacked), or one flat shape whose first dimension is
 W times S's (all_gather_into_tensor). Only the default group's entries (pg name "0" or description
 default_pg) count, every distinct (op, input, output) once, and the answer must be one W for all of them.
+
+A lower bound says less but is as sure (`group_floors`): an all_to_all_single that received another
+number of rows than it sent had at least one other member (a group of one sends itself what it receives),
+and no group is larger than the world, so the world has at least 2 ranks, and rank 1 is one of them.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import numpy as np
 from ncclscope.load.foreign.fr_entries import Entries
 
 _GATHERS = ("all_gather", "allgather", "_allgather_base", "all_gather_into_tensor")
+_ALL_TO_ALLS = ("all_to_all", "alltoall", "all_to_all_single", "alltoall_base")
 
 
 def _shapes(text: str) -> list[list[int]] | None:
@@ -72,6 +77,24 @@ def group_widths(ents: Entries, cap: int) -> dict[str, int]:
             widths.setdefault(pg, set()).add(w)
     return {str(ents.pg_names[pg]): next(iter(ws)) for pg, ws in widths.items()
             if len(ws) == 1 and 2 <= next(iter(ws)) <= cap}
+
+
+def group_floors(ents: Entries) -> dict[str, int]:
+    """pg name -> 2 for each group one of whose all_to_alls received another number of rows than it sent
+    (module docstring): it had another member, whoever dumped."""
+    if not getattr(ents, "n", 0) or not hasattr(ents, "out_size_code"):
+        return {}
+    codes = [i for i, p in enumerate(ents.pnames) if str(p).rsplit(":", 1)[-1].lower() in _ALL_TO_ALLS]
+    sel = np.isin(ents.pn_code, codes) if codes else np.zeros(0, bool)
+    if not sel.any():
+        return {}
+    out: dict[str, int] = {}
+    for pg, si, oi in set(zip(ents.pg_code[sel].tolist(), ents.size_code[sel].tolist(),
+                              ents.out_size_code[sel].tolist())):
+        inp, res = _shapes(ents.size_texts[si]), _shapes(ents.out_size_texts[oi])
+        if inp and res and len(inp) == 1 and len(res) == 1 and inp[0] and res[0] and inp[0][0] != res[0][0]:
+            out[str(ents.pg_names[pg])] = 2
+    return out
 
 
 def world_from_shapes(ents: Entries, widths: dict[str, int]) -> int | None:
