@@ -737,3 +737,18 @@ def test_a_mesh_dimension_s_group_takes_back_its_rank_without_a_dump_by_its_sibl
     dumps = {r: {} for r in (1, 2, 3)}
     got = group_members([1, 2, 3], ["3", "4", "4"], ["mesh_rep", "mesh_rep", "mesh_rep"], dumps, 5, [])
     assert got == [(1,), (2, 3), (2, 3)]
+
+
+def test_a_finished_lone_record_whose_partner_then_died_without_a_dump_is_the_deviation(tmp_path) -> None:
+    """seed 20261210 #9 (the gloo dumps as written; that seed's first run measured the code before this rule):
+    4 ranks; rank 1 passes 1007 elements to an all_gather on its 2-rank group where it passed 1000 from the same
+    line one iteration before. gloo completed rank 1's side and aborted rank 0, which left no dump; rank 1 went
+    on to the world all_gather and waits there with everyone else, so the verdict read "DEAD RANK: rank 0".
+    Its record of the group's last instance is alone, finished, and breaks its own history: the deviation
+    before the death, which the death is the consequence of."""
+    from ncclscope.load.foreign.flight_recorder import load_flight_recorder
+    from ncclscope.verdict import run
+    a = run(load_flight_recorder(_dumps_as_cloned("rp20261210_009_size_fr", tmp_path)))
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("collective_mismatch", [1]), a.verdict
+    assert "all_gather #4" in a.verdict and "passed sizes [[1007]]" in a.verdict
+    assert a.headline.cause.before_death and a.headline.cause.absent_ranks == (0,)

@@ -307,27 +307,42 @@ def resolve_by_history(source: IndexLike, findings: list[Finding]) -> list[Findi
                 continue
         out.append(f)
     if len(inst):
-        lone = inst[(inst["n_began"] == 1) & (inst["n_notok"] > 0)]
+        # a lone record, unfinished; or finished where the group's other members left no dump at all
+        # (gloo completed the survivor's side, then aborted its partner on the mismatch): the survivor's
+        # last op on that group. Nothing else can speak for the op, so one earlier call from the very call
+        # site is enough there; two where a record of a live partner could still disagree.
+        missing = {r for r, info in ix.trace.ranks.items() if not info.present}
+        with_dead = {g for g, m in ix.members.items() if missing & set(m)} if missing else set()
+        one = inst["n_began"] == 1
+        lone = inst[one & ((inst["n_notok"] > 0) | inst["process_group"].astype(str).isin(with_dead))]
         for r in lone.itertuples(index=False):
             g, k = str(r.process_group), int(r.seq)
             if (g, k) in decided or len(ix.members.get(g, [])) < 2:
                 continue
             rows = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k)]
-            # alone: only its own call site's history speaks; one earlier call there is enough when every
-            # other member left no dump at all (its process died: nothing else can speak for the op)
             absent = set(ix.members.get(g, [])) - set(int(x) for x in rows["rank"])
-            dead = bool(absent) and not any(ix.trace.ranks[a].present for a in absent if a in ix.trace.ranks)
+            dead = bool(absent) and absent <= missing
+            if int(r.n_notok) == 0 and not (dead and _last_on_group(coll, rows, g, k)):
+                continue
             dev = _deviants(coll, rows, same_site=True, least=HISTORY_MIN_ALONE if dead else HISTORY_MIN)
             if len(dev) == 1:
-                out.append(_history_finding(ix, g, k, rows, dev))
+                # finished, the dead partner's death came after it: filed as the deviation before a death
+                out.append(_history_finding(ix, g, k, rows, dev, before_death=int(r.n_notok) == 0))
                 decided.add((g, k))
     return out
+
+
+def _last_on_group(coll: pd.DataFrame, rows: pd.DataFrame, g: str, k: int) -> bool:
+    """Instance k is the last its recording rank(s) issued on group g."""
+    mine = coll[(coll["process_group"] == g) & coll["rank"].isin(rows["rank"]).to_numpy()]
+    return not (mine["collective_seq_id"] > k).any()
 
 
 _WORD = {"type": "called", "size": "passed sizes", "dtype": "passed dtype"}
 
 
-def _history_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: dict, base: Finding | None = None) -> Finding:
+def _history_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: dict, base: Finding | None = None,
+                     before_death: bool = False) -> Finding:
     trace, members = ix.trace, ix.members
     (rank, diffs), = dev.items()
     mine = rows[rows["rank"] == rank].iloc[0]
@@ -353,7 +368,7 @@ def _history_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: dict, base: Fi
             "categories": [c for c, *_ in diffs]}
     cause = replace(base.cause if base is not None else Cause(later_instances=0), ambiguous=False,
                     deviant_ranks=(int(rank),), unfinished=bool(len(notok)), basis=CauseBasis.HISTORY,
-                    absent_ranks=tuple(absent))
+                    absent_ranks=tuple(absent), before_death=before_death)
     if base is not None:
         return replace(base, title=title, ranks=[int(rank)], evidence=ev, data=data, cause=cause)
     return Finding(kind="collective_mismatch", severity="error", title=title, ranks=[int(rank)], evidence=ev,
