@@ -752,3 +752,18 @@ def test_a_finished_lone_record_whose_partner_then_died_without_a_dump_is_the_de
     assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("collective_mismatch", [1]), a.verdict
     assert "all_gather #4" in a.verdict and "passed sizes [[1007]]" in a.verdict
     assert a.headline.cause.before_death and a.headline.cause.absent_ranks == (0,)
+
+
+def test_a_survivor_whose_own_loop_skipped_a_call_before_its_partner_died_without_a_dump_is_the_deviation(
+        tmp_path: Path) -> None:
+    """seed 20261210 #162 (rank 1's gloo dump as written; measured unseen on the code before this rule): 2
+    ranks; in step 1 rank 1 skips the all_gather of line 41, so its all_gather of line 43 pairs with rank 0's
+    of line 41; gloo completed rank 1's side and aborted rank 0, which left no dump; rank 1 waits in its next
+    all_reduce: "DEAD RANK: rank 0". Its instance before the unfinished one is where its partner died, and
+    there its own loop (one earlier iteration: after line 38 came line 41) says another call was due."""
+    from ncclscope.load.foreign.flight_recorder import load_flight_recorder
+    from ncclscope.verdict import run
+    a = run(load_flight_recorder(_dumps_as_cloned("rp20261210_162_skip_fr", tmp_path)))
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("collective_mismatch", [1]), a.verdict
+    assert "all_gather #10" in a.verdict and "rp20261210_162_skip.py:41" in a.verdict
+    assert a.headline.cause.before_death and a.headline.cause.absent_ranks == (0,)

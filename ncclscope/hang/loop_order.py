@@ -260,11 +260,13 @@ def predicted_next(tokens: list[str]) -> tuple[str, int] | None:
     return said, sum(1 for j, m in lengths.items() if m >= MIN_CONTEXT and tokens[j + 1] == said)
 
 
-def sequence_deviant(coll: pd.DataFrame, rows: pd.DataFrame, group: str) -> tuple[int, str, str, int] | None:
+def sequence_deviant(coll: pd.DataFrame, rows: pd.DataFrame, group: str,
+                     alone: bool = False) -> tuple[int, str, str, int] | None:
     """Of the members' calls `rows` (one instance of `group`), the one rank whose call is not what its own
     earlier calls on the group predict there (predicted_next) while every other member's call is:
-    (rank, the predicted op, its call site, how many earlier occurrences say so). None otherwise."""
-    if len(rows) < 2:
+    (rank, the predicted op, its call site, how many earlier occurrences say so). None otherwise. A single
+    call where `alone` (the other members left no record at all: stopped._lone_records)."""
+    if len(rows) < (1 if alone else 2):
         return None
     off, fit = [], 0
     for row in rows.itertuples(index=False):

@@ -307,35 +307,58 @@ def resolve_by_history(source: IndexLike, findings: list[Finding]) -> list[Findi
                 continue
         out.append(f)
     if len(inst):
-        # a lone record, unfinished; or finished where the group's other members left no dump at all
-        # (gloo completed the survivor's side, then aborted its partner on the mismatch): the survivor's
-        # last op on that group. Nothing else can speak for the op, so one earlier call from the very call
-        # site is enough there; two where a record of a live partner could still disagree.
-        missing = {r for r, info in ix.trace.ranks.items() if not info.present}
-        with_dead = {g for g, m in ix.members.items() if missing & set(m)} if missing else set()
-        one = inst["n_began"] == 1
-        lone = inst[one & ((inst["n_notok"] > 0) | inst["process_group"].astype(str).isin(with_dead))]
-        for r in lone.itertuples(index=False):
-            g, k = str(r.process_group), int(r.seq)
-            if (g, k) in decided or len(ix.members.get(g, [])) < 2:
-                continue
-            rows = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k)]
-            absent = set(ix.members.get(g, [])) - set(int(x) for x in rows["rank"])
-            dead = bool(absent) and absent <= missing
-            if int(r.n_notok) == 0 and not (dead and _last_on_group(coll, rows, g, k)):
-                continue
-            dev = _deviants(coll, rows, same_site=True, least=HISTORY_MIN_ALONE if dead else HISTORY_MIN)
-            if len(dev) == 1:
-                # finished, the dead partner's death came after it: filed as the deviation before a death
-                out.append(_history_finding(ix, g, k, rows, dev, before_death=int(r.n_notok) == 0))
-                decided.add((g, k))
+        out += _lone_records(ix, decided)
     return out
 
 
-def _last_on_group(coll: pd.DataFrame, rows: pd.DataFrame, g: str, k: int) -> bool:
-    """Instance k is the last its recording rank(s) issued on group g."""
-    mine = coll[(coll["process_group"] == g) & coll["rank"].isin(rows["rank"]).to_numpy()]
-    return not (mine["collective_seq_id"] > k).any()
+def _lone_records(ix: Any, decided: set[tuple[str, int]]) -> list[Finding]:
+    """Instances one member alone recorded that break that member's own history (`resolve_by_history`).
+
+    - unfinished, the others' records absent: the call site's history (HISTORY_MIN earlier calls) speaks;
+    - where the group's other members left no dump at all (their processes died): gloo completes the
+      survivor's side of a mismatched collective and aborts the partner, or leaves it waiting, so the
+      instance the partner died in is the survivor's last on the group, or the one before when that last
+      one is unfinished (a group whose member is dead completes nothing after). Nothing else can speak for
+      those calls: one earlier call from the very call site is history enough (HISTORY_MIN_ALONE), and
+      the survivor's own sequence on the group (loop_order.predicted_next: a skip or an extra call) too.
+    The earlier candidate is asked first: the first deviation is the root."""
+    coll, inst = ix.coll, ix.instances
+    out: list[Finding] = []
+    missing = {r for r, info in ix.trace.ranks.items() if not info.present}
+    with_dead = {g for g, m in ix.members.items() if missing & set(m) and len(m) >= 2} if missing else set()
+    lone = inst[(inst["n_began"] == 1) & (inst["n_notok"] > 0)]
+    cands = [(str(r.process_group), int(r.seq), False) for r in lone.itertuples(index=False)
+             if str(r.process_group) not in with_dead]
+    if with_dead:
+        mine = coll[coll["process_group"].astype(str).isin(with_dead).to_numpy()]
+        for _, sub in mine.groupby(["rank", "process_group"], sort=True, observed=True):
+            sub = sub.sort_values("collective_seq_id")
+            ks = [int(sub["collective_seq_id"].iloc[-1])]
+            if str(sub["status"].iloc[-1]) != S.STATUS_OK and len(sub) > 1:
+                ks.insert(0, int(sub["collective_seq_id"].iloc[-2]))
+            cands += [(str(sub["process_group"].iloc[0]), k, True) for k in ks]
+    for g, k, dead in cands:
+        if (g, k) in decided or len(ix.members.get(g, [])) < 2:
+            continue
+        rows = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k)]
+        if len(rows) != 1:
+            continue
+        absent = set(ix.members.get(g, [])) - set(int(x) for x in rows["rank"])
+        finished = str(rows["status"].iloc[0]) == S.STATUS_OK
+        dead = dead and bool(absent) and absent <= missing
+        if finished and not dead:
+            continue
+        dev = _deviants(coll, rows, same_site=True, least=HISTORY_MIN_ALONE if dead else HISTORY_MIN)
+        if len(dev) == 1:
+            # finished, the dead partner's death came after it: filed as the deviation before a death
+            out.append(_history_finding(ix, g, k, rows, dev, before_death=finished))
+            decided.add((g, k))
+            continue
+        seq_dev = sequence_deviant(coll, rows, g, alone=True) if dead else None
+        if seq_dev is not None:
+            out.append(_sequence_finding(ix, g, k, rows, seq_dev, before_death=finished, absent=sorted(absent)))
+            decided.add((g, k))
+    return out
 
 
 _WORD = {"type": "called", "size": "passed sizes", "dtype": "passed dtype"}
@@ -376,9 +399,11 @@ def _history_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: dict, base: Fi
 
 
 def _sequence_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: tuple[int, str, str, int],
-                      base: Finding) -> Finding:
+                      base: Finding | None = None, before_death: bool = False, absent: list[int] | None = None
+                      ) -> Finding:
     """A tie decided by the members' own sequences on the group (loop_order.sequence_deviant): the rank
-    whose call is not the one its earlier calls issue at that point, where every other member's is."""
+    whose call is not the one its earlier calls issue at that point, where every other member's is; or a
+    lone record whose other members left no dump (`absent`, no `base`: `_lone_records`)."""
     rank, op, site, n = dev
     mine = rows[rows["rank"] == rank].iloc[0]
     others = rows[rows["rank"] != rank].sort_values("rank")
@@ -386,8 +411,12 @@ def _sequence_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: tuple[int, st
     title = (f"{rank_label(ix.trace, [rank])} deviates in {mine['op_name']} #{k} on {ix.label(g)}: called "
              f"{mine['op_name']}{at} where its own earlier calls on {g} issue {op}"
              f"{' from ' + site if site else ''} at this point of its loop ({n} earlier iteration"
-             f"{' says' if n == 1 else 's say'} so); {rank_label(ix.trace, others['rank'])} called what "
-             f"{'its own loop issues' if len(others) == 1 else 'their own loops issue'} there")
+             f"{' says' if n == 1 else 's say'} so)")
+    if len(others):
+        title += (f"; {rank_label(ix.trace, others['rank'])} called what "
+                  f"{'its own loop issues' if len(others) == 1 else 'their own loops issue'} there")
+    if absent:
+        title += f"; {rank_label(ix.trace, absent)} left no record of #{k} (no dump: its record died with it)"
     ev = [Evidence(rank=int(rank), note=f"deviant: {mine['op_name']} where its loop issues {op}; {mine['status']}",
                    op_name=str(mine["op_name"]), process_group=g, seq=k, op_id=int(mine["op_id"]),
                    time_ns=int(mine["start_ns"]))]
@@ -395,7 +424,12 @@ def _sequence_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: tuple[int, st
                     process_group=g, seq=k, op_id=int(r.op_id), time_ns=int(r.start_ns))
            for r in others.itertuples(index=False)]
     notok = rows[rows["status"].astype(str) != S.STATUS_OK]
-    data = {**base.data, "process_group": g, "seq": k, "expected": {"op_name": op, "call_site": site}}
-    cause = replace(base.cause, ambiguous=False, deviant_ranks=(int(rank),), unfinished=bool(len(notok)),
-                    basis=CauseBasis.HISTORY)
+    data = {**(base.data if base is not None else {}), "process_group": g, "seq": k,
+            "expected": {"op_name": op, "call_site": site}}
+    cause = replace(base.cause if base is not None else Cause(later_instances=0), ambiguous=False,
+                    deviant_ranks=(int(rank),), unfinished=bool(len(notok)), basis=CauseBasis.HISTORY,
+                    absent_ranks=tuple(absent) if absent else None, before_death=before_death)
+    if base is None:
+        return Finding(kind="collective_mismatch", severity="error", title=title, ranks=[int(rank)], evidence=ev,
+                       instance=InstanceRef(g, k), data=data, cause=cause, layout=HISTORY_LAYOUT)
     return replace(base, title=title, ranks=[int(rank)], evidence=ev, data=data, cause=cause)
