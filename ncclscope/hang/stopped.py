@@ -320,7 +320,8 @@ def _lone_records(ix: Any, decided: set[tuple[str, int]]) -> list[Finding]:
       instance the partner died in is the survivor's last on the group, or the one before when that last
       one is unfinished (a group whose member is dead completes nothing after). Nothing else can speak for
       those calls: one earlier call from the very call site is history enough (HISTORY_MIN_ALONE), and
-      the survivor's own sequence on the group (loop_order.predicted_next: a skip or an extra call) too.
+      the survivor's own sequence on the group (loop_order.predicted_next: a skip or an extra call) where
+      HISTORY_MIN earlier iterations say what was due.
     The earlier candidate is asked first: the first deviation is the root."""
     coll, inst = ix.coll, ix.instances
     out: list[Finding] = []
@@ -355,7 +356,9 @@ def _lone_records(ix: Any, decided: set[tuple[str, int]]) -> list[Finding]:
             decided.add((g, k))
             continue
         seq_dev = sequence_deviant(coll, rows, g, alone=True) if dead else None
-        if seq_dev is not None:
+        # ... its loop order only where two earlier iterations agree: a loop's first iterations may differ
+        # (DDP's bucket rebuild, a warm-up) and nothing else checks one against them (seed 20261210 #236)
+        if seq_dev is not None and seq_dev[3] >= HISTORY_MIN:
             out.append(_sequence_finding(ix, g, k, rows, seq_dev, before_death=finished, absent=sorted(absent)))
             decided.add((g, k))
     return out
