@@ -69,15 +69,51 @@ def cli():
 @pytest.fixture(scope="session")
 def zygote(tmp_path_factory):
     """One warm process (torch and the analyzer imported once) that forks the suite's real jobs: the
-    drills, the healthy layouts, `ncclscope run` of the examples (test_drills_e2e.Zygote). Started on
-    first use, closed at the end of the session; each job runs in its own session, killed whole on
-    timeout."""
+    drills, the healthy layouts, `ncclscope run` of the examples, the `ncclscope train` runs the TUI,
+    report, performance, docs and demo tests read, and the test functions that need a fresh process
+    but not a fresh interpreter (test_drills_e2e.Zygote: run, cli, call). Started on first use, closed
+    at the end of the session; each job runs in its own session, killed whole on timeout and reaped.
+    Each CLI command keeps at least one test through a real `python -m ncclscope` process."""
     from test_drills_e2e import make_zygote
     z = make_zygote(tmp_path_factory)
     try:
         yield z
     finally:
         z.close()
+
+
+@pytest.fixture(scope="session")
+def healthy_dp2(zygote, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One healthy `ncclscope train --dp 2 --steps 3` run (a fork of the warm zygote), read-only, shared by
+    the tests that only read it (test_tui.py's Pilot run, test_report.py's Chromium render)."""
+    return train_run(zygote, tmp_path_factory.mktemp("healthy-dp2") / "run", "--dp", "2", "--steps", "3")
+
+
+def train_run(zygote, out: Path, *args: str, timeout: float = 150.0) -> Path:
+    """`ncclscope train ARGS --out OUT` in a fork of the warm zygote (own session, killed whole past
+    `timeout`, reaped); OUT, which must hold a run. The CLI's own process start is tested elsewhere
+    (test_dp_runtime.py, test_faults_cli.py run `python -m ncclscope train`)."""
+    res = zygote.cli(f"train-{out.parent.name}-{out.name}", ["train", *args, "--out", str(out)], timeout=timeout)
+    assert (out / "run.json").exists(), (f"ncclscope train {' '.join(args)} made no run directory "
+                                         f"(rc {res.returncode}): {res.stderr[-2000:]}")
+    return out
+
+
+@pytest.fixture(scope="session")
+def composed():
+    """`ncclscope.verdict.run(load(path))` of a fixed, read-only run directory (the sample traces), computed
+    once per session and shared by the tests that hold a face against it (test_faces_agree.py,
+    test_tui.py); the faces themselves still compose their own. Callers only read the Analysis."""
+    cache: dict[str, object] = {}
+
+    def get(path: str | os.PathLike[str]):
+        key = str(Path(path).resolve())
+        if key not in cache:
+            from ncclscope.load.trace import load
+            from ncclscope.verdict import run
+            cache[key] = run(load(Path(path)))
+        return cache[key]
+    return get
 
 
 @pytest.fixture(scope="session")

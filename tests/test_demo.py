@@ -16,9 +16,12 @@ pytestmark = [pytest.mark.e2e, pytest.mark.spawn]
 
 
 @pytest.mark.timeout(240)
-def test_quick_demo_ends_with_the_expected_verdicts(tmp_path):
+def test_quick_demo_ends_with_the_expected_verdicts(tmp_path, zygote):
+    # the tour through the CLI's `main` in a fork of the suite's warm zygote (conftest: torch is not imported
+    # again; its own session, killed whole past the timeout, reaped); `python -m ncclscope demo` itself
+    # runs in the test below
     out = tmp_path / "demo"
-    res = run_cli("demo", "--quick", "--out", str(out), timeout=220)
+    res = zygote.cli("demo-quick", ["demo", "--quick", "--out", str(out)], timeout=220)
     assert res.returncode == 0, f"stdout:\n{res.stdout}\nstderr:\n{res.stderr[-3000:]}"
     text = res.stdout
     assert "2 real multi-rank jobs" in text

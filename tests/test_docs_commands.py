@@ -6,8 +6,10 @@ loudly: a new doc command must get a rule (usually: it just runs).
 
 Rules:
 - `ncclscope SUB ...`: first parsed by the real argument parser (a renamed or
-  removed flag fails here), then run as written (`python -m ncclscope ...`)
-  inside a scratch copy of the repository's layout: the working directory is a
+  removed flag fails here), then run as written (through the CLI's `main`:
+  analyze, report and export in this process, train in a fork of the suite's
+  warm zygote (conftest), the rest as `python -m ncclscope ...`) inside a
+  scratch copy of the repository's layout: the working directory is a
   temporary directory holding a copy of sample_traces/, so `runs/...`, `a.html`
   and `sample_traces/...` resolve there and nothing in the checkout is written;
   absolute `/tmp/...` paths are moved under it too. Exit status 0 or 1 (1 =
@@ -149,11 +151,16 @@ def _moved(arg: str, ws: Path) -> str:
 
 # Analyzer commands never import torch: they run here, through the same `main` the console
 # script calls, in the scratch directory (an interpreter start per command cost ~1 s of the suite
-# each). `train` starts ranks: it keeps its own process.
+# each). `train` starts ranks: it runs through the same `main` in a fork of the suite's warm zygote
+# (conftest), in the scratch directory, in its own session with a hard timeout (a fresh interpreter
+# importing torch cost ~4 s per command; `python -m ncclscope train` itself is run by
+# test_dp_runtime.py and test_faults_cli.py).
 IN_PROCESS = {"analyze", "report", "export"}
+IN_ZYGOTE = {"train"}
 
 
-def run_ncclscope(argv: list[str], ws: Path, where: str, quoted: str = "") -> None:
+def run_ncclscope(argv: list[str], ws: Path, where: str, quoted: str = "", zygote=None) -> None:
+    """`zygote`: a callable giving the suite's warm zygote (started on first use), or None."""
     from ncclscope.cli.parser import build_parser
     args = [_moved(a, ws) for a in argv[1:]]
     for a in args:
@@ -173,7 +180,12 @@ def run_ncclscope(argv: list[str], ws: Path, where: str, quoted: str = "") -> No
         return   # parsed above; the reduced tour runs in tests/test_demo.py
     if ns.command == "run":
         return   # parsed above; tests/test_run_examples.py runs the examples under `ncclscope run`
-    res = cli_in_process(args, ws) if ns.command in IN_PROCESS else run_cli(*args, timeout=150, cwd=ws)
+    if ns.command in IN_PROCESS:
+        res = cli_in_process(args, ws)
+    elif ns.command in IN_ZYGOTE and zygote is not None:
+        res = zygote().cli(f"docs-{ns.command}", args, timeout=150, cwd=ws)
+    else:
+        res = run_cli(*args, timeout=150, cwd=ws)
     assert res.returncode in (0, 1), (f"{where}: `{shlex.join(argv)}` exited {res.returncode}\n"
                                       f"stdout:\n{res.stdout[-2000:]}\nstderr:\n{res.stderr[-3000:]}")
     assert "Traceback" not in res.stderr, f"{where}: `{shlex.join(argv)}`:\n{res.stderr[-3000:]}"
@@ -222,7 +234,7 @@ def test_every_command_has_a_rule():
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("doc", [p for p in DOC_FILES if bash_commands(p)], ids=_id)
-def test_doc_commands_run(doc: Path, tmp_path: Path):
+def test_doc_commands_run(doc: Path, tmp_path: Path, request: pytest.FixtureRequest):
     ws = tmp_path / "ws"
     ws.mkdir()
     shutil.copytree(ROOT / "sample_traces", ws / "sample_traces")
@@ -239,7 +251,7 @@ def test_doc_commands_run(doc: Path, tmp_path: Path):
         while ENV_ASSIGN.match(core[0]):
             core = core[1:]
         if action == "ncclscope":
-            run_ncclscope(core, ws, where, quoted.get(no, ""))
+            run_ncclscope(core, ws, where, quoted.get(no, ""), lambda: request.getfixturevalue("zygote"))
         else:
             run_script(core, ws, where)
         ran += 1

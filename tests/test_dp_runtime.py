@@ -42,11 +42,13 @@ def test_dp4_equals_reference(tmp_path: Path, cli) -> None:
     assert trace.metrics.groupby("step")["param_checksum"].nunique().eq(1).all()
 
 
-def test_skipped_collective_times_out_and_job_ends(tmp_path: Path, cli) -> None:
+def test_skipped_collective_times_out_and_job_ends(tmp_path: Path, zygote) -> None:
+    # `ncclscope train` in a fork of the suite's warm zygote (conftest; its own session, killed whole past
+    # the timeout); test_dp4_equals_reference above starts `python -m ncclscope train` itself
     out = tmp_path / "run"
     timeout_s = 2.0
-    res = cli("train", "--dp", "2", "--steps", "3", "--timeout-s", str(timeout_s), "--out", str(out),
-              "--inject", "skip:rank=1,step=1", timeout=90)
+    res = zygote.cli("dp-skip", ["train", "--dp", "2", "--steps", "3", "--timeout-s", str(timeout_s), "--out",
+                                 str(out), "--inject", "skip:rank=1,step=1"], timeout=90)
     assert res.returncode == 1, res.stdout + res.stderr
     run = json.loads((out / "run.json").read_text())
     assert run["end_reason"] == "rank_failed"

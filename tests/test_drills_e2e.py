@@ -61,7 +61,8 @@ def _set_pdeathsig() -> None:
 
 
 def _zygote_job(req: dict[str, Any]) -> None:
-    """In the forked job process: train, then analyze; never returns."""
+    """In the forked job process: train, then analyze (`Zygote.run`), or one CLI command (`Zygote.cli`),
+    or one function of a test module (`Zygote.call`); never returns."""
     code = 99
     try:
         os.setsid()
@@ -76,9 +77,32 @@ def _zygote_job(req: dict[str, Any]) -> None:
             os.dup2(os.open(work / err, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), 2)
 
         from ncclscope.cli.main import main
+        if "call" in req:                    # a function of a test module (`Zygote.call`)
+            redirect("cli.out", "cli.err")
+            import importlib
+            mod, _, fn = req["call"].partition(":")
+            try:
+                ret = getattr(importlib.import_module(mod), fn)(*req.get("args", []))
+                code = ret if isinstance(ret, int) else 0
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except BaseException:
+                import traceback
+                traceback.print_exc()
+                code = 1
+            return
         if "cli" in req:                     # one command as given (`Zygote.cli`)
             redirect("cli.out", "cli.err")
-            rc = main(req["cli"])
+            if req.get("cwd"):
+                os.chdir(req["cwd"])
+            try:
+                rc = main(req["cli"])
+            except SystemExit as exc:        # as `python -m ncclscope` would end
+                rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            except Exception:
+                import traceback
+                traceback.print_exc()
+                rc = 1
             sys.stdout.flush()
             (work / "result.json").write_text(json.dumps({"rc": rc}))
             code = 0
@@ -206,25 +230,48 @@ class Zygote:
                    run=json.loads(_read(work / "run" / "run.json") or "{}"),
                    result=json.loads(_read(work / "result.json") or "{}"))
 
-    def cli(self, name: str, argv: list[str], timeout: float = JOB_TIMEOUT_S) -> subprocess.CompletedProcess:
+    def cli(self, name: str, argv: list[str], timeout: float = JOB_TIMEOUT_S,
+            cwd: str | os.PathLike[str] | None = None) -> subprocess.CompletedProcess:
         """`ncclscope ARGV` in a fresh fork of the warm process (torch already imported), with its own
-        session, killed whole past `timeout`; its exit code, stdout and stderr as a CompletedProcess."""
-        work = self.base / name
-        self._job({"cli": argv}, work, timeout, f"ncclscope {' '.join(argv)}", "cli.err", reap=True)
+        session, in `cwd` if given, killed whole past `timeout`; its exit code, stdout and stderr as a
+        CompletedProcess."""
+        work = self._unique(name)
+        self._job({"cli": argv, "cwd": str(cwd or "")}, work, timeout, f"ncclscope {' '.join(argv)}", "cli.err",
+                  reap=True)
         rc = json.loads(_read(work / "result.json") or '{"rc": 99}')["rc"]
         return subprocess.CompletedProcess(["ncclscope", *argv], rc, _read(work / "cli.out"), _read(work / "cli.err"))
 
-    def _job(self, req: dict[str, Any], work: Path, timeout: float, what: str, err: str, reap: bool) -> None:
+    def call(self, name: str, target: str, args: list[Any], timeout: float = JOB_TIMEOUT_S
+             ) -> subprocess.CompletedProcess:
+        """`module:function(*args)` (a module on the tests' path) in a fresh fork of the warm process, with
+        its own session, killed whole past `timeout`, whatever it started reaped once it ended. The
+        CompletedProcess's returncode is the fork's, as subprocess gives it: the function's int return
+        (0 otherwise), 1 on an exception, -N when signal N ended it; stdout and stderr are its fds 1, 2."""
+        work = self._unique(name)
+        status = self._job({"call": target, "args": args}, work, timeout, target, "cli.err", reap=True)
+        rc = os.waitstatus_to_exitcode(status)
+        return subprocess.CompletedProcess([target, *map(str, args)], rc, _read(work / "cli.out"),
+                                           _read(work / "cli.err"))
+
+    def _unique(self, name: str) -> Path:
+        """A fresh job directory named after `name` (a suffix when a job of that name ran already)."""
+        work, n = self.base / name, 1
+        while work.exists():
+            n += 1
+            work = self.base / f"{name}-{n}"
+        return work
+
+    def _job(self, req: dict[str, Any], work: Path, timeout: float, what: str, err: str, reap: bool) -> int:
         """Send one job, wait for it; past `timeout` kill its session (launcher and ranks) and fail the test.
         `reap`: also kill whatever its session left behind once it ended (the drills leave that to
-        `_assert_no_orphans`, which must see it)."""
+        `_assert_no_orphans`, which must see it). Returns the job's wait status."""
         work.mkdir(parents=True, exist_ok=False)
         assert self.proc.stdin is not None
         self.proc.stdin.write(json.dumps({**req, "work": str(work)}) + "\n")
         self.proc.stdin.flush()
         pid = self._expect("pid", 30.0)["pid"]
         try:
-            self._expect("status", timeout)
+            return int(self._expect("status", timeout)["status"])
         except TimeoutError:
             try:
                 os.killpg(pid, signal.SIGKILL)

@@ -292,5 +292,7 @@ def test_cli_export(tmp_path, cli):
     assert res.returncode == 0, res.stderr
     check_trace_events(json.loads((tmp_path / "t.json").read_text()))
     assert len(load_parquet(tmp_path / "pq").ops) == len(load_any(dumps).ops)
-    res = cli("export", str(tmp_path / "nothing_here"), "--perfetto", str(tmp_path / "x.json"))
+    # the refusal through the same `main` in this process (the export above is the real entry point)
+    from conftest import cli_in_process
+    res = cli_in_process(["export", str(tmp_path / "nothing_here"), "--perfetto", str(tmp_path / "x.json")])
     assert res.returncode == 2 and "no such file" in res.stderr

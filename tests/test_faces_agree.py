@@ -15,9 +15,7 @@ import re
 import pytest
 
 from conftest import ROOT
-from ncclscope.verdict import run
 from ncclscope.cli.main import main
-from ncclscope.load.trace import load
 
 SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if (p / "run.json").is_file())
 
@@ -40,17 +38,17 @@ def _report_headline(capsys, path, out) -> str:
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=[p.name for p in SAMPLES])
-def test_analyze_report_and_composer_say_the_same_verdict(capsys, tmp_path, sample):
-    composed = run(load(sample)).verdict
+def test_analyze_report_and_composer_say_the_same_verdict(capsys, tmp_path, sample, composed):
+    verdict = composed(sample).verdict      # run(load(sample)), once per session (conftest)
     printed = _analyze_json(capsys, sample)["verdict"]
     headline = _report_headline(capsys, sample, tmp_path / "r.html")
-    assert printed == composed
-    assert headline == composed
+    assert printed == verdict
+    assert headline == verdict
 
 
-def test_problem_samples_are_not_called_ok_by_any_face():
+def test_problem_samples_are_not_called_ok_by_any_face(composed):
     """The straggler, NaN, divergence, MoE and slow-pipeline samples: a problem on every face (each face
     says the composer's verdict: the test above)."""
     for name in ("straggler", "nan", "divergence", "moe-imbalance", "slow-pipeline"):
-        a = run(load(ROOT / "sample_traces" / name))
+        a = composed(ROOT / "sample_traces" / name)     # run(load(...)), once per session (conftest)
         assert not a.ok and not a.verdict.startswith("OK"), name

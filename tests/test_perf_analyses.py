@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT, train_run
 from trace_builder import TraceBuilder
 
 from ncclscope import schema as S
@@ -456,19 +456,18 @@ def test_analyze_performance_collects_everything() -> None:
 
 
 # ---- real runs (ncclscope train with fault drills) ----
-def _train(tmp_path: Path, *args: str, timeout: float = 120) -> Trace:
-    out = tmp_path / "run"
-    res = run_cli("train", "--steps", "3", "--out", str(out), *args, timeout=timeout)
-    assert (out / S.RUN_JSON).exists(), res.stderr[-2000:]
-    return load(out)
+def _train(zygote, tmp_path: Path, *args: str, timeout: float = 120) -> Trace:
+    """`ncclscope train --steps 3 ARGS` in a fork of the suite's warm zygote (conftest.train_run: its own
+    session, killed whole past `timeout`; torch is not imported again for each job)."""
+    return load(train_run(zygote, tmp_path / "run", "--steps", "3", *args, timeout=timeout))
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(150)
-def test_slow_drill_is_the_straggler(tmp_path: Path) -> None:
+def test_slow_drill_is_the_straggler(zygote, tmp_path: Path) -> None:
     # a model big enough that the drill's extra compute stands out of this shared machine's noise; four
     # ranks and eight steps so that being last in most steps is significant (6 of 8: binomial p = 0.004)
-    perf = analyze_performance(_train(tmp_path, "--dp", "4", "--steps", "8", "--n-embd", "64", "--block-size", "64",
+    perf = analyze_performance(_train(zygote, tmp_path, "--dp", "4", "--steps", "8", "--n-embd", "64", "--block-size", "64",
                                       "--batch-size", "16", "--inject", "slow:rank=1,factor=4"))
     found = [f for f in perf.findings if f.kind == "straggler" and f.severity == "warning"]
     assert found and found[0].ranks == [1], [f.title for f in perf.findings]
@@ -477,16 +476,16 @@ def test_slow_drill_is_the_straggler(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(150)
-def test_desync_grad_drill_found_at_its_rank_and_step(tmp_path: Path) -> None:
-    res = analyze_divergence(_train(tmp_path, "--dp", "2", "--inject", "desync_grad:rank=1,step=1"))
+def test_desync_grad_drill_found_at_its_rank_and_step(zygote, tmp_path: Path) -> None:
+    res = analyze_divergence(_train(zygote, tmp_path, "--dp", "2", "--inject", "desync_grad:rank=1,step=1"))
     (f,) = [f for f in res.findings if f.kind == "grad_divergence"]
     assert f.ranks == [1] and f.data["step"] == 1
 
 
 @pytest.mark.e2e
 @pytest.mark.timeout(150)
-def test_nan_drill_found_at_its_rank_and_step(tmp_path: Path) -> None:
-    res = analyze_divergence(_train(tmp_path, "--dp", "2", "--inject", "nan:rank=1,step=1"))
+def test_nan_drill_found_at_its_rank_and_step(zygote, tmp_path: Path) -> None:
+    res = analyze_divergence(_train(zygote, tmp_path, "--dp", "2", "--inject", "nan:rank=1,step=1"))
     (f,) = [f for f in res.findings if f.kind == "nan"]
     assert f.data["step"] == 1 and f.data["origin_known"]
     assert f.ranks == [1]
@@ -496,7 +495,7 @@ def test_nan_drill_found_at_its_rank_and_step(tmp_path: Path) -> None:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(180)
-def test_real_1f1b_bubble_matches_theory(tmp_path: Path) -> None:
+def test_real_1f1b_bubble_matches_theory(zygote, tmp_path: Path) -> None:
     """p=4, m=8 on gloo. The schedule part is exact: replaying the observed F/B order
     with uniform stage times gives (p-1)/(m+p-1) to 1e-9. The measured bubble
     (steps 1-3) is within 0.30 of theory (0.38-0.51 seen against 0.27 with the
@@ -504,7 +503,7 @@ def test_real_1f1b_bubble_matches_theory(tmp_path: Path) -> None:
     stretches whenever all stages are busy at once and p2p waits include
     process scheduling; that noise is what the imbalance and comm-stall
     columns absorb."""
-    trace = _train(tmp_path, "--pp", "4", "--n-layer", "4", "--microbatches", "8", "--schedule", "1f1b", "--steps", "4",
+    trace = _train(zygote, tmp_path, "--pp", "4", "--n-layer", "4", "--microbatches", "8", "--schedule", "1f1b", "--steps", "4",
                    "--n-embd", "128", "--block-size", "64", "--batch-size", "64", timeout=170)
     res = analyze_bubbles(trace)
     assert (res.p, res.m, res.schedule) == (4, 8, "1f1b")

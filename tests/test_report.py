@@ -19,7 +19,6 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
 from trace_builder import TraceBuilder
 
 from ncclscope.report import write_report
@@ -97,11 +96,10 @@ def test_escaped_op_name_renders_as_text(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def real_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("real") / "run"
-    res = run_cli("train", "--dp", "2", "--steps", "3", "--out", str(out), timeout=120)
-    assert (out / "run.json").exists(), res.stderr[-2000:]
-    return out
+def real_run(healthy_dp2: Path) -> Path:
+    """`ncclscope train --dp 2 --steps 3` (conftest's shared run, made once through the warm zygote; the
+    report is written under tmp_path, the run only read)."""
+    return healthy_dp2
 
 
 @needs_browser

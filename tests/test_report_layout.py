@@ -69,10 +69,21 @@ def report(tmp_path: Path, run_dir: Path, name: str | None = None) -> tuple[str,
 
 
 @pytest.fixture(scope="module")
-def pages(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+def written(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, dict]]:
+    """name -> (the page `write_report(load(sample), page)` wrote, its stats), once per module for the
+    samples the tests read (the pages are only read: parsed here, opened by Chromium)."""
     tmp = tmp_path_factory.mktemp("pages")
-    return {d.name: report(tmp, d)[0] for d in SAMPLES if d.name in
-            ("healthy", "slow-pipeline", "hung-pipeline", "straggler", "stuck-in-compute")}
+    out = {}
+    for d in SAMPLES:
+        if d.name in ("healthy", "slow-pipeline", "hung-pipeline", "straggler", "stuck-in-compute"):
+            page = tmp / f"{d.name}.html"
+            out[d.name] = (page, write_report(load(d), page))
+    return out
+
+
+@pytest.fixture(scope="module")
+def pages(written: dict[str, tuple[Path, dict]]) -> dict[str, str]:
+    return {name: page.read_text(encoding="utf-8") for name, (page, _) in written.items()}
 
 
 # --- headline and order ----------------------------------------------------------------------
@@ -213,9 +224,8 @@ def test_arrival_heatmap_labels_every_rank(pages: dict[str, str]) -> None:
 
 @needs_browser
 @pytest.mark.timeout(400)
-def test_every_section_fits_its_card_at_1000_and_1400_px(tmp_path: Path) -> None:
-    page = tmp_path / "slow.html"
-    stats = write_report(load(ROOT / "sample_traces" / "slow-pipeline"), page)
+def test_every_section_fits_its_card_at_1000_and_1400_px(written: dict[str, tuple[Path, dict]], tmp_path: Path) -> None:
+    page, stats = written["slow-pipeline"]          # write_report(load(sample_traces/slow-pipeline), page)
     for width in (1000, 1400):
         dom = browse(page, tmp_path, "--dump-dom", f"--window-size={width},1200")
         assert 'data-js-errors="0"' in dom, re.findall(r'<pre id="js-errors"[^>]*>([^<]*)', dom)
@@ -226,9 +236,10 @@ def test_every_section_fits_its_card_at_1000_and_1400_px(tmp_path: Path) -> None
 
 # --- 14. size --------------------------------------------------------------------------------
 
-def test_small_run_report_is_at_most_2_mb(tmp_path: Path) -> None:
+def test_small_run_report_is_at_most_2_mb(written: dict[str, tuple[Path, dict]]) -> None:
     for name in ("slow-pipeline", "straggler"):
-        page, stats = report(tmp_path, ROOT / "sample_traces" / name)
+        path, stats = written[name]                 # write_report(load(sample_traces/NAME), path)
+        page = path.read_text(encoding="utf-8")
         assert stats["bytes"] <= 2_000_000, (name, stats["bytes"])
         assert "cdn." not in page and "<script src" not in page              # still offline
 
@@ -245,9 +256,8 @@ def test_packed_bundle_round_trips_and_is_inert_html() -> None:
 
 @needs_browser
 @pytest.mark.timeout(300)
-def test_compressed_bundle_unpacks_and_draws_in_chromium(tmp_path: Path) -> None:
-    page = tmp_path / "hung.html"
-    stats = write_report(load(ROOT / "sample_traces" / "hung-pipeline"), page)
+def test_compressed_bundle_unpacks_and_draws_in_chromium(written: dict[str, tuple[Path, dict]], tmp_path: Path) -> None:
+    page, stats = written["hung-pipeline"]          # write_report(load(sample_traces/hung-pipeline), page)
     assert stats["bytes"] <= 2_000_000
     dom = browse(page, tmp_path, "--dump-dom")
     assert 'data-js-errors="0"' in dom, re.findall(r'<pre id="js-errors"[^>]*>([^<]*)', dom)

@@ -267,29 +267,34 @@ dist.destroy_process_group(); tracer.close(); rec.close()
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
 
-def test_sigterm_while_the_main_thread_holds_the_dump_lock_still_ends_the_rank(tmp_path):
+def _sigterm_inside_the_dump(out: str) -> None:
+    """A rank whose main thread holds the dump lock when SIGTERM comes (run in a fresh process)."""
+    import os
+    import signal
+    import time
+
+    from ncclscope.runtime.recorder import Recorder
+    from ncclscope.runtime.usertrace.tracer import Tracer
+    rec = Recorder(out, 0, 1)
+    tracer = Tracer(rec, 0, 1).install()
+    tracer.watch_sigterm()              # what the bootstrap does
+    with tracer._fr_lock:              # as if writing the dump when the signal comes
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1.0)
+    time.sleep(30)
+
+
+def test_sigterm_while_the_main_thread_holds_the_dump_lock_still_ends_the_rank(tmp_path, zygote):
     """torchrun's SIGTERM can land while the main thread is inside the Flight Recorder dump
     (an uncaught gloo error's evidence): the dump then ran again inside the handler, on the
     same thread, and waited for its own lock; the rank hung until the agent's SIGKILL with no
-    end record. Now the reader thread dumps and ends the process once the lock is free."""
+    end record. Now the reader thread dumps and ends the process once the lock is free.
+    The rank is a fork of the suite's warm zygote (conftest: torch imported, no tracer yet; its own
+    session, killed past 60 s), not a fresh interpreter importing torch (~2 s)."""
     import signal
-    import subprocess
     import time
-    code = f"""
-import os, signal, time
-from ncclscope.runtime.recorder import Recorder
-from ncclscope.runtime.usertrace.tracer import Tracer
-rec = Recorder({str(tmp_path)!r}, 0, 1)
-tracer = Tracer(rec, 0, 1).install()
-tracer.watch_sigterm()              # what the bootstrap does
-with tracer._fr_lock:              # as if writing the dump when the signal comes
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(1.0)
-time.sleep(30)
-"""
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    out = zygote.call("sigterm-in-dump", "test_run_units:_sigterm_inside_the_dump", [str(tmp_path)], timeout=60)
     assert out.returncode == -signal.SIGTERM, out.stderr[-2000:]
     assert time.monotonic() - t0 < 20
     end = json.loads((tmp_path / S.rank_dir_name(0) / S.RANK_JSON).read_text())["end"]
@@ -334,25 +339,32 @@ def test_rank_records_from_the_agent_and_the_ranks_own_end_records(tmp_path):
     assert not ranks["2"]["stopped_by_launcher"] and not ranks["3"]["stopped_by_launcher"]   # they ended first
 
 
-def test_a_sigterm_to_the_launcher_before_the_agent_is_up_ends_the_run_as_terminated(tmp_path):
+def _sigterm_before_the_agent(out: str) -> None:
+    """`ncclscope run`'s launcher, SIGTERMed before torchrun's agent is up (run in a fresh process)."""
+    import os
+    import signal
+    import time
+
+    import torch.distributed.launcher.api as api
+
+    def early(cfg, entry):            # the agent's handler is not installed yet when the signal lands
+        def call(*args):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(10)
+        return call
+    api.elastic_launch = early
+    from ncclscope.runtime.usertrace.launcher import launch
+    run_dir, run, rc = launch("script.py", [], nproc=2, out=out)
+    print(rc)
+
+
+def test_a_sigterm_to_the_launcher_before_the_agent_is_up_ends_the_run_as_terminated(tmp_path, zygote):
     """Between run.json's first write and torchrun's agent installing its own handler, SIGTERM used
-    to kill `ncclscope run` outright, leaving run.json 'running' with no ranks."""
-    import subprocess
-    code = f"""
-import os, signal, sys, time
-import torch.distributed.launcher.api as api
-def early(cfg, entry):            # the agent's handler is not installed yet when the signal lands
-    def call(*args):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(10)
-    return call
-api.elastic_launch = early
-from ncclscope.runtime.usertrace.launcher import launch
-run_dir, run, rc = launch("script.py", [], nproc=2, out={str(tmp_path / "r")!r})
-print(rc)
-"""
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    to kill `ncclscope run` outright, leaving run.json 'running' with no ranks. The launcher is a fork
+    of the suite's warm zygote (conftest: its own session, killed past 60 s; its main thread, as in
+    `ncclscope run`), not a fresh interpreter importing torch (~2 s)."""
+    out = zygote.call("sigterm-early", "test_run_units:_sigterm_before_the_agent", [str(tmp_path / "r")],
+                      timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.split()[-1] == "143"
     run = json.loads((tmp_path / "r" / S.RUN_JSON).read_text())

@@ -17,7 +17,6 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from conftest import run_cli
 from tui_runs import (LiveRank, SAMPLES, diagnosis_roots, live_op, make_app, run, verdict_text, wait_ready,
                       wait_until, write_big)
 from ncclscope import schema as S
@@ -26,9 +25,10 @@ pytestmark = pytest.mark.timeout(180)
 
 
 # ---- real runs from the runtime, once per session -------------------------------------------
-def _train(tmp_path_factory: pytest.TempPathFactory, name: str, *args: str) -> Path:
+# `ncclscope train` in a fork of the suite's warm zygote (conftest): torch is not imported again for each.
+def _train(zygote: Any, tmp_path_factory: pytest.TempPathFactory, name: str, *args: str) -> Path:
     out = tmp_path_factory.mktemp("tui") / name
-    res = run_cli("train", *args, "--out", str(out), timeout=150)
+    res = zygote.cli(f"tui-{name}", ["train", *args, "--out", str(out)], timeout=150)
     if not (out / S.RUN_JSON).exists():
         pytest.skip(f"ncclscope train {' '.join(args)} made no run directory (rc {res.returncode}): "
                     f"{res.stderr[-400:]}")
@@ -36,20 +36,21 @@ def _train(tmp_path_factory: pytest.TempPathFactory, name: str, *args: str) -> P
 
 
 @pytest.fixture(scope="session")
-def real_healthy(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _train(tmp_path_factory, "healthy", "--dp", "2", "--steps", "3")
+def real_healthy(healthy_dp2: Path) -> Path:
+    """`ncclscope train --dp 2 --steps 3` (conftest's shared run: the TUI only reads it)."""
+    return healthy_dp2
 
 
 @pytest.fixture(scope="session")
-def real_wrong_group(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return _train(tmp_path_factory, "wrong_group", "--dp", "2", "--steps", "3", "--timeout-s", "2",
+def real_wrong_group(zygote: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _train(zygote, tmp_path_factory, "wrong_group", "--dp", "2", "--steps", "3", "--timeout-s", "2",
                   "--inject", "wrong_group:rank=1,step=1,use=world")
 
 
 @pytest.fixture(scope="session")
-def real_pp_hung(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def real_pp_hung(zygote: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real pipeline run (pp 2, 1F1B, 4 microbatches) whose stage-1 rank hangs in compute."""
-    return _train(tmp_path_factory, "pp_hung_real", "--pp", "2", "--microbatches", "4", "--steps", "2",
+    return _train(zygote, tmp_path_factory, "pp_hung_real", "--pp", "2", "--microbatches", "4", "--steps", "2",
                   "--timeout-s", "2", "--inject", "hang:rank=1,step=1")
 
 
@@ -306,10 +307,9 @@ def test_snapshot(snap_compare: Any, pp_hung: Path, keys: tuple[str, ...]) -> No
 
 
 # ---- one verdict: the composer's (issue 11) ------------------------------------------------
-def test_tui_verdict_is_the_composers_on_every_sample() -> None:
-    """For every sample run, the overview's verdict line and the grid's root marks are run(load(dir))'s."""
-    from ncclscope.verdict import run as compose
-    from ncclscope.load.trace import load
+def test_tui_verdict_is_the_composers_on_every_sample(composed: Any) -> None:
+    """For every sample run, the overview's verdict line and the grid's root marks are run(load(dir))'s
+    (computed once per session: conftest's `composed`)."""
     dirs = sorted(d for d in SAMPLES.iterdir() if (d / S.RUN_JSON).exists())
     assert len(dirs) >= 8
 
@@ -328,7 +328,7 @@ def test_tui_verdict_is_the_composers_on_every_sample() -> None:
 
     hung = 0
     for d in dirs:
-        a = compose(load(d))
+        a = composed(d)
         shown, roots, stages = run(go(d))
         assert shown == a.verdict, d.name
         assert roots == a.root_ranks, d.name

@@ -10,8 +10,6 @@ one-rank gloo world in this process (FileStore), a few hundred ms.
 from __future__ import annotations
 
 import datetime
-import os
-import subprocess
 import sys
 import textwrap
 
@@ -287,10 +285,12 @@ DDP_NAN = textwrap.dedent('''
 
 @pytest.mark.spawn
 @pytest.mark.e2e
-def test_ncclscope_run_names_the_rank_and_step_of_a_ddp_nan(tmp_path):
+def test_ncclscope_run_names_the_rank_and_step_of_a_ddp_nan(tmp_path, zygote):
+    """`ncclscope run` launched from a fork of the suite's warm zygote (conftest: the launcher does not
+    import torch again; its own session, killed whole past the timeout and reaped); the ranks are fresh
+    interpreters started by torch's elastic agent, as under a user's `ncclscope run`."""
     script = tmp_path / "ddp_nan.py"
     script.write_text(DDP_NAN)
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    p = subprocess.run([sys.executable, "-m", "ncclscope", "run", "--nproc", "2", "--out", str(tmp_path / "run"),
-                        "--", str(script)], capture_output=True, text=True, env=env, timeout=300)
+    p = zygote.cli("user-nan", ["run", "--nproc", "2", "--out", str(tmp_path / "run"), "--", str(script)],
+                   timeout=300)
     assert "NAN: first NaN/Inf at step 2 on rank 1, in its own gradient before any reduction" in p.stderr, p.stderr
