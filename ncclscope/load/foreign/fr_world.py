@@ -54,24 +54,27 @@ def gathered_width(inp: list[list[int]], out: list[list[int]]) -> int | None:
     return None
 
 
+def _shape_pairs(ents: Entries, ops: tuple[str, ...]) -> list[tuple[int, Any, Any]]:
+    """(pg code, input shapes, output shapes) of every distinct entry of the ops `ops` (the name after the
+    backend prefix); a shape text that is no list of int lists reads as None."""
+    if not getattr(ents, "n", 0) or not hasattr(ents, "out_size_code"):
+        return []
+    codes = [i for i, p in enumerate(ents.pnames) if str(p).rsplit(":", 1)[-1].lower() in ops]
+    if not codes:
+        return []
+    sel = np.isin(ents.pn_code, codes)
+    combos = set(zip(ents.pg_code[sel].tolist(), ents.size_code[sel].tolist(), ents.out_size_code[sel].tolist()))
+    return [(pg, _shapes(ents.size_texts[si]), _shapes(ents.out_size_texts[oi])) for pg, si, oi in combos]
+
+
 def group_widths(ents: Entries, cap: int) -> dict[str, int]:
     """pg name -> its size by its all_gather shapes, for each group whose shapes agree on one value in
     [2, cap] (module docstring): the default group's gives the world (world_from_shapes); another group
     rebuilt from its users takes back the ranks that left no dump when exactly that many are missing from it
     (fr_fixups.group_members), so gloo's inferred completion (a collective every member entered) no longer
     counts a collective the dead member never entered as done."""
-    if not getattr(ents, "n", 0) or not hasattr(ents, "out_size_code"):
-        return {}
-    gathers = [i for i, p in enumerate(ents.pnames) if str(p).rsplit(":", 1)[-1].lower() in _GATHERS]
-    if not gathers:
-        return {}
-    sel = np.isin(ents.pn_code, gathers)
-    if not sel.any():
-        return {}
-    combos = set(zip(ents.pg_code[sel].tolist(), ents.size_code[sel].tolist(), ents.out_size_code[sel].tolist()))
     widths: dict[int, set[int]] = {}
-    for pg, si, oi in combos:
-        inp, out = _shapes(ents.size_texts[si]), _shapes(ents.out_size_texts[oi])
+    for pg, inp, out in _shape_pairs(ents, _GATHERS):
         w = gathered_width(inp, out) if inp is not None and out is not None else None
         if w is not None:
             widths.setdefault(pg, set()).add(w)
@@ -82,16 +85,8 @@ def group_widths(ents: Entries, cap: int) -> dict[str, int]:
 def group_floors(ents: Entries) -> dict[str, int]:
     """pg name -> 2 for each group one of whose all_to_alls received another number of rows than it sent
     (module docstring): it had another member, whoever dumped."""
-    if not getattr(ents, "n", 0) or not hasattr(ents, "out_size_code"):
-        return {}
-    codes = [i for i, p in enumerate(ents.pnames) if str(p).rsplit(":", 1)[-1].lower() in _ALL_TO_ALLS]
-    sel = np.isin(ents.pn_code, codes) if codes else np.zeros(0, bool)
-    if not sel.any():
-        return {}
     out: dict[str, int] = {}
-    for pg, si, oi in set(zip(ents.pg_code[sel].tolist(), ents.size_code[sel].tolist(),
-                              ents.out_size_code[sel].tolist())):
-        inp, res = _shapes(ents.size_texts[si]), _shapes(ents.out_size_texts[oi])
+    for pg, inp, res in _shape_pairs(ents, _ALL_TO_ALLS):
         if inp and res and len(inp) == 1 and len(res) == 1 and inp[0] and res[0] and inp[0][0] != res[0][0]:
             out[str(ents.pg_names[pg])] = 2
     return out
