@@ -33,6 +33,7 @@ from ncclscope import schema as S
 from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, FindingKind, InstanceRef
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label
+from ncclscope.hang.dump_idle import PACE_FACTOR, ended_early, idle_before_dump
 from ncclscope.hang.loop_order import sequence_deviant
 from ncclscope.hang.wording import duration
 
@@ -40,7 +41,6 @@ HISTORY_MIN = 2                 # earlier calls that must agree before a rank's 
 # ... where the only other member of the instance left no record at all (no dump: its process died): one
 # earlier call from the very call site is enough, for nothing else can speak for the op (module docstring)
 HISTORY_MIN_ALONE = 1
-DUMP_MARKER = "flight_recorder_dump"   # ingest.flight_recorder.DUMP_MARKER: one row per dump, at its mtime
 _CATEGORIES = ("type", "size", "dtype")
 # The JSON order of a history-decided mismatch's `data` (its cause's claims among them), as earlier
 # releases wrote it; one that replaces a tied vote keeps that finding's order.
@@ -95,7 +95,7 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         empty = [r for r in present if r not in seen]
         if empty:
             return [_empty_dumps(ix, present, empty)]
-    idle = None if unused else _idle_before_dump(ix, present)
+    idle = None if unused else idle_before_dump(ix, present)
     if not unused and (idle is None or not idle["idle"].any()):
         return []
     stopped, others, went = list(present), [], ""
@@ -106,7 +106,8 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         others = sorted(int(r) for r in idle.index[~idle["idle"]])
         t_stop = int(idle.loc[stopped, "t"].max())
         if int(idle.loc[others, "t"].min()) <= t_stop:
-            return []
+            early = ended_early(ix, idle, _last_ops(ix, present))
+            return [early] if early is not None else []
         later = coll[coll["rank"].isin(others).to_numpy() & (coll["start_ns"] > t_stop).to_numpy()]
         gs = sorted(set(later["process_group"].astype(str)), key=lambda n: (len(n), n))
         went = ", ".join(gs[:6]) + (f" and {len(gs) - 6} more" if len(gs) > 6 else "")
@@ -128,10 +129,13 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         lo, hi, tmo = int(sub["gap"].min()), int(sub["gap"].max()), int(sub["tmo"].max())
         span = duration(lo) if duration(lo) == duration(hi) else f"{duration(lo)} to {duration(hi)}"
         whose = "every rank's" if not others else ("its" if len(stopped) == 1 else "their")
+        its = 'its' if not others or len(stopped) == 1 else 'their'
+        past_tmo = bool((sub["gap"] > sub["tmo"]).all())
+        why = (f"longer than {its} {duration(tmo)} collective timeout" if past_tmo else
+               f"over {PACE_FACTOR} times {its} longest interval between two ops "
+               f"({duration(int(sub['pace'].max()))})")
         title = (f"{head} ({whose} Flight Recorder dump{'s were' if others and len(stopped) > 1 else ' was'} "
-                 f"written {span} after {'its' if not others or len(stopped) == 1 else 'their'} last op, "
-                 f"longer than {'its' if not others or len(stopped) == 1 else 'their'} {duration(tmo)} "
-                 f"collective timeout)")
+                 f"written {span} after {its} last op, {why})")
     ev = _stopped_evidence(coll, stopped, others, idle)
     data = {"unused_groups": unused, "stopped_after": where}
     if idle is not None:
@@ -188,35 +192,6 @@ def _stopped_evidence(coll: pd.DataFrame, stopped: list[int], others: list[int],
                                op_name=str(r.op_name), process_group=str(r.process_group),
                                seq=int(r.collective_seq_id), op_id=int(r.op_id), time_ns=int(r.start_ns)))
     return ev
-
-
-def _idle_before_dump(ix, present: list[int]) -> pd.DataFrame | None:
-    """Per present rank (index): `t` its last collective's time, `gap` ns from it to the rank's dump, `tmo`
-    that op's timeout in ns, `idle` gap > tmo (the rank sat outside any collective longer than one may take).
-    None where that cannot be said for every rank: no dump markers (not a dump, or file times not trusted),
-    a rank without a marker or a collective, no usable time (wording.wait_ns), no timeout."""
-    ev, coll = ix.trace.events, ix.coll
-    if not len(ev) or not len(coll) or "timeout_ms" not in ix.trace.ops.columns:
-        return None
-    marks = ev[(ev["op_name"].astype(str) == DUMP_MARKER).to_numpy()]
-    if not len(marks):
-        return None
-    dumped = marks.groupby("rank", observed=True)["t_ns"].max()
-    dumped.index = dumped.index.astype("int64")
-    ops = ix.trace.ops
-    ops = ops[(ops["kind"].astype(str) == S.KIND_COLLECTIVE).to_numpy()]
-    last = ops.assign(t=ops[["start_ns", "end_ns"]].max(axis=1)).sort_values(["rank", "t"])
-    last = last.drop_duplicates("rank", keep="last").set_index("rank")
-    last.index = last.index.astype("int64")
-    per = pd.DataFrame({"dumped": dumped, "t": last["t"], "tmo": last["timeout_ms"] * 1_000_000}).reindex(present)
-    if per.isna().any(axis=None):                  # a rank without a marker or without a collective
-        return None
-    per = per.astype("int64")
-    per["gap"] = per["dumped"] - per["t"]
-    if not ((per["t"] > 0) & (per["tmo"] > 0) & (per["gap"] >= 0)).all():
-        return None
-    per["idle"] = per["gap"] > per["tmo"]
-    return per
 
 
 def _last_ops(ix, present: list[int]) -> str:

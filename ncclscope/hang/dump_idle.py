@@ -1,0 +1,122 @@
+"""How long each rank sat outside any collective before its Flight Recorder dump was written.
+
+A dump holds no "the job is stuck" flag. What it holds is time: every entry's
+creation time, and (the loader's dump marker) when the file was written. A
+rank whose dump came long after its last op sat outside every collective
+(in compute, in a send/recv gloo does not record, in group creation) until
+something dumped it. Two yardsticks say "long":
+
+- the op's own collective timeout: no collective may take longer, so a rank
+  idle past it was not between two ops of a running loop;
+- the rank's own pace: the longest interval between two consecutive ops of
+  its record. A training loop repeats itself; a rank idle `PACE_FACTOR` times
+  longer than any interval it ever showed, and at least `IDLE_FLOOR_NS`
+  (a process's exit and the dump itself take up to ~0.1 s), left its
+  routine. This needs `PACE_MIN_OPS` recorded ops: a pace read from one or
+  two ops says nothing.
+
+A healthy job dumped on demand or at its end is dumped within one of its own
+intervals; measured on 160 healthy random programs (seeds 20261209-10) the
+largest gap was 0.14 s, against 1.5-12 s for the failed jobs whose dumps the
+timeout yardstick alone read as OK (docs/benchmarks.md).
+
+`ended_early` is the one shape this table answers on its own: some ranks'
+dumps were written right after their last op, and before every idle rank's
+dump, and they got no further than the idle ranks did. They ended (their
+program returned, or left its loop) while their peers still waited, in
+something the dumps do not record, for the rest of it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+
+from ncclscope import schema as S
+from ncclscope.findings import Evidence, Finding
+from ncclscope.index.labels import rank_label
+from ncclscope.hang.wording import duration
+
+DUMP_MARKER = "flight_recorder_dump"   # ingest.flight_recorder.DUMP_MARKER: one row per dump, at its mtime
+PACE_FACTOR = 10
+IDLE_FLOOR_NS = 1_000_000_000
+PACE_MIN_OPS = 4
+
+
+def idle_before_dump(ix: Any, present: list[int]) -> pd.DataFrame | None:
+    """Per present rank (index): `t` its last collective's time, `dumped` its dump's time, `gap` ns between
+    them, `tmo` that op's timeout in ns, `pace` its longest interval between two consecutive recorded ops
+    (-1 with fewer than PACE_MIN_OPS), `idle` the gap outlived the timeout or the pace (module docstring).
+    None where that cannot be said for every rank: no dump markers (not a dump, or file times not trusted),
+    a rank without a marker or a collective, no usable time (wording.wait_ns), no timeout."""
+    ev, coll = ix.trace.events, ix.coll
+    if not len(ev) or not len(coll) or "timeout_ms" not in ix.trace.ops.columns:
+        return None
+    marks = ev[(ev["op_name"].astype(str) == DUMP_MARKER).to_numpy()]
+    if not len(marks):
+        return None
+    dumped = marks.groupby("rank", observed=True)["t_ns"].max()
+    dumped.index = dumped.index.astype("int64")
+    ops = ix.trace.ops
+    ops = ops[(ops["kind"].astype(str) == S.KIND_COLLECTIVE).to_numpy()]
+    last = ops.assign(t=ops[["start_ns", "end_ns"]].max(axis=1)).sort_values(["rank", "t"])
+    last = last.drop_duplicates("rank", keep="last").set_index("rank")
+    last.index = last.index.astype("int64")
+    per = pd.DataFrame({"dumped": dumped, "t": last["t"], "tmo": last["timeout_ms"] * 1_000_000}).reindex(present)
+    if per.isna().any(axis=None):                  # a rank without a marker or without a collective
+        return None
+    per = per.astype("int64")
+    per["gap"] = per["dumped"] - per["t"]
+    if not ((per["t"] > 0) & (per["tmo"] > 0) & (per["gap"] >= 0)).all():
+        return None
+    per["pace"] = _pace(ix.trace.ops).reindex(per.index).fillna(-1).astype("int64")
+    by_pace = (per["pace"] >= 0) & (per["gap"] > IDLE_FLOOR_NS) & (per["gap"] > PACE_FACTOR * per["pace"])
+    per["idle"] = (per["gap"] > per["tmo"]) | by_pace
+    return per
+
+
+def _pace(ops: pd.DataFrame) -> pd.Series:
+    """Per rank: the longest interval between two consecutive recorded ops' start times, for ranks with at
+    least PACE_MIN_OPS ops (collectives and p2p, where the dump records p2p)."""
+    ops = ops[ops["kind"].astype(str).isin((S.KIND_COLLECTIVE, S.KIND_P2P)).to_numpy() & (ops["start_ns"] > 0)]
+    if not len(ops):
+        return pd.Series(dtype="int64")
+    t = ops[["rank", "start_ns"]].astype("int64").sort_values(["rank", "start_ns"])
+    step = t.groupby("rank")["start_ns"].diff()
+    n = t.groupby("rank")["start_ns"].transform("size")
+    out = step[(n >= PACE_MIN_OPS).to_numpy()].groupby(t["rank"][(n >= PACE_MIN_OPS).to_numpy()]).max()
+    return out.dropna().astype("int64")
+
+
+def ended_early(ix: Any, idle: pd.DataFrame, last_ops: str) -> Finding | None:
+    """A `hang` rooted at the ranks that were dumped right after their last op, before every idle rank's dump,
+    having got no further than the idle ranks (module docstring); None for any other split."""
+    idle_r = sorted(int(r) for r in idle.index[idle["idle"]])
+    ended = sorted(int(r) for r in idle.index[~idle["idle"]])
+    if not idle_r or not ended:
+        return None
+    if int(idle.loc[ended, "t"].max()) > int(idle.loc[idle_r, "t"].max()):
+        return None                                   # they went further: the idle ranks stopped first
+    if int(idle.loc[ended, "dumped"].max()) >= int(idle.loc[idle_r, "dumped"].min()):
+        return None                                   # not dumped before the waiters: no order to read
+    trace = ix.trace
+    sub = idle.loc[idle_r]
+    lo, hi = int(sub["gap"].min()), int(sub["gap"].max())
+    span = duration(lo) if duration(lo) == duration(hi) else f"{duration(lo)} to {duration(hi)}"
+    one = len(ended) == 1
+    title = (f"{rank_label(trace, ended)} ended right after {last_ops} ({'its' if one else 'their'} Flight "
+             f"Recorder dump{'' if one else 's'} {'was' if one else 'were'} written then), while "
+             f"{rank_label(trace, idle_r)} sat {span} outside any collective after the same point and "
+             f"{'was' if len(idle_r) == 1 else 'were'} dumped later: they wait on {'it' if one else 'them'} in "
+             f"something the dumps do not record (a send/recv: gloo records none), or "
+             f"{'it' if one else 'they'} left {'its' if one else 'their'} loop early")
+    ev = [Evidence(rank=r, note=f"dumped {duration(int(idle.at[r, 'gap']))} after its last op, "
+                                f"before every waiting rank's dump") for r in ended[:30]]
+    ev += [Evidence(rank=r, note=f"sat {duration(int(idle.at[r, 'gap']))} outside any collective before its dump "
+                                 f"(its longest interval between two ops: "
+                                 f"{duration(int(idle.at[r, 'pace'])) if int(idle.at[r, 'pace']) >= 0 else 'unknown'})")
+           for r in idle_r[:30]]
+    data = {"ended": ended, "waiting": idle_r, "stopped_after": last_ops,
+            "idle_before_dump_s": [round(lo / 1e9, 3), round(hi / 1e9, 3)]}
+    return Finding(kind="hang", severity="error", title=title, ranks=ended, evidence=ev,
+                   involved=sorted(int(r) for r in idle.index), data=data)

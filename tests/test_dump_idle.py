@@ -1,0 +1,80 @@
+"""How long each rank sat outside any collective before its Flight Recorder dump (hang/dump_idle.py).
+
+Two gloo jobs of the random-program benchmark (seed 20261210), their dumps as the tracer wrote them and
+the times the files were written (`dump_times.json`: a clone does not keep file times). Both read "OK" before
+the pace yardstick: their ranks sat 1.7 to 6 s outside any collective, shorter than the collective timeout,
+over 60 times longer than any interval between two of their ops. The same dumps re-timed as a healthy job's
+(dumped right after the last op, or within the floor) must stay OK.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from ncclscope.load.foreign.flight_recorder import load_flight_recorder
+from ncclscope.verdict import run
+
+DATA = Path(__file__).parent / "data" / "randprog"
+
+
+def _dumps(name: str, tmp_path: Path, gap_s: dict[int, float] | None = None) -> Path:
+    """The fixture's dumps in a fresh directory, each file timed as written, or `gap_s[rank]` seconds after
+    its last entry was created."""
+    import pickle
+    src, dst = DATA / name, tmp_path / name
+    dst.mkdir(parents=True)
+    times = json.loads((src / "dump_times.json").read_text())
+    for f in sorted(src.glob("nccl_trace_rank_*")):
+        shutil.copyfile(f, dst / f.name)
+        t = times[f.name]
+        if gap_s is not None:
+            entries = pickle.loads(f.read_bytes())["entries"]
+            t = entries[-1]["time_created_ns"] + int(gap_s[int(f.name.rsplit("_", 1)[1])] * 1e9)
+        os.utime(dst / f.name, ns=(t, t))
+    return dst
+
+
+def test_a_rank_that_ended_while_its_peers_sat_outside_collectives_is_the_root(tmp_path) -> None:
+    """#89: rank 1's data shard is one batch short, so it leaves its loop after 5 steps and its program ends;
+    ranks 0, 2 and 3 wait in the next step's send/recv with it (gloo records no p2p). Every rank's last op is
+    broadcast #15; rank 1's dump was written right after it, the others' 1.7 to 4.0 s later."""
+    a = run(load_flight_recorder(_dumps("rp20261210_089_uneven_loop_fr", tmp_path)))
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("hang", [1]), a.verdict
+    assert a.verdict.startswith("HANG: rank 1 ended right after broadcast #15 on default_pg"), a.verdict
+    assert "ranks 0,2,3 sat 1.7 s to 4.0 s outside any collective" in a.verdict, a.verdict
+    assert a.headline.data["ended"] == [1] and a.headline.data["waiting"] == [0, 2, 3]
+
+
+def test_every_rank_idle_far_past_its_own_pace_is_stopped_though_within_the_timeout(tmp_path) -> None:
+    """#178: 2 ranks, rank 1 flips its send/recv order, both block in a send. Each rank's dump was written
+    6.0 s after its last collective (a broadcast on a group whose timeout is 30 min), its longest interval
+    between two ops being 22 ms: not a job between two steps."""
+    a = run(load_flight_recorder(_dumps("rp20261210_178_swap_order_fr", tmp_path)))
+    assert not a.ok
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("no_op_in_flight", [0, 1]), a.verdict
+    assert "over 10 times its longest interval between two ops" in a.verdict, a.verdict
+
+
+def test_the_same_dumps_written_right_after_the_last_op_stay_ok(tmp_path) -> None:
+    for name, world in (("rp20261210_089_uneven_loop_fr", 4), ("rp20261210_178_swap_order_fr", 2)):
+        a = run(load_flight_recorder(_dumps(name, tmp_path / "prompt", {r: 0.02 for r in range(world)})))
+        assert a.ok and a.verdict.startswith("OK"), (name, a.verdict)
+
+
+def test_a_gap_under_the_floor_is_not_idle_however_fast_the_loop(tmp_path) -> None:
+    """0.8 s is 36 times the job's longest interval, but under the 1 s floor: a dump taken that soon after
+    the last op says nothing (exit, interpreter teardown and the dump itself take time)."""
+    d = _dumps("rp20261210_089_uneven_loop_fr", tmp_path, {0: 0.8, 1: 0.0, 2: 0.8, 3: 0.8})
+    a = run(load_flight_recorder(d))
+    assert a.ok, a.verdict
+
+
+def test_when_every_rank_sat_idle_nobody_is_named_as_having_ended(tmp_path) -> None:
+    """The same job with rank 1 dumped as late as its peers: no rank ended first, so the verdict is the
+    stopped job's (every rank named), not a hang on rank 1."""
+    d = _dumps("rp20261210_089_uneven_loop_fr", tmp_path, {0: 3.0, 1: 3.0, 2: 3.0, 3: 3.0})
+    a = run(load_flight_recorder(d))
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("no_op_in_flight", [0, 1, 2, 3]), \
+        a.verdict
