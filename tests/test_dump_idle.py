@@ -31,7 +31,9 @@ def _dumps(name: str, tmp_path: Path, gap_s: dict[int, float] | None = None) -> 
         t = times[f.name]
         if gap_s is not None:
             entries = pickle.loads(f.read_bytes())["entries"]
-            t = entries[-1]["time_created_ns"] + int(gap_s[int(f.name.rsplit("_", 1)[1])] * 1e9)
+            last = max(e.get(k) or 0 for e in entries for k in ("time_created_ns", "time_discovered_started_ns",
+                                                                 "time_discovered_completed_ns"))
+            t = last + int(gap_s[int(f.name.rsplit("_", 1)[1])] * 1e9)
         os.utime(dst / f.name, ns=(t, t))
     return dst
 
@@ -66,7 +68,7 @@ def test_the_same_dumps_written_right_after_the_last_op_stay_ok(tmp_path) -> Non
 def test_a_gap_under_the_floor_is_not_idle_however_fast_the_loop(tmp_path) -> None:
     """0.8 s is 36 times the job's longest interval, but under the 1 s floor: a dump taken that soon after
     the last op says nothing (exit, interpreter teardown and the dump itself take time)."""
-    d = _dumps("rp20261210_089_uneven_loop_fr", tmp_path, {0: 0.8, 1: 0.0, 2: 0.8, 3: 0.8})
+    d = _dumps("rp20261210_089_uneven_loop_fr", tmp_path, {0: 0.8, 1: 0.05, 2: 0.8, 3: 0.8})
     a = run(load_flight_recorder(d))
     assert a.ok, a.verdict
 
@@ -78,3 +80,21 @@ def test_when_every_rank_sat_idle_nobody_is_named_as_having_ended(tmp_path) -> N
     a = run(load_flight_recorder(d))
     assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("no_op_in_flight", [0, 1, 2, 3]), \
         a.verdict
+
+
+def test_a_few_ranks_idle_where_most_ended_are_the_ones_that_stopped(tmp_path) -> None:
+    """The other side of the same shape: in #89's dumps re-timed so that ranks 0 and 2 sat 3 s idle while
+    ranks 1 and 3 were dumped right after the same op, then ranks 1-3 ended and rank 0 alone sat idle (seed
+    20261209 #245 in small: a pair deadlocked in its last step's send/recv while four ranks finished). The
+    smaller side is named; a tie names every rank, for nothing orders the two halves."""
+    one = run(load_flight_recorder(_dumps("rp20261210_089_uneven_loop_fr", tmp_path / "a",
+                                          {0: 3.0, 1: 0.05, 2: 0.05, 3: 0.05})))
+    assert one.headline is not None and (one.headline.kind, one.headline.ranks) == ("no_op_in_flight", [0]), \
+        one.verdict
+    assert one.verdict.startswith("STOPPED: rank 0 stopped after broadcast #15 on default_pg and sat 3.0 s outside "
+                                   "any collective before its dump, while ranks 1-3 ended right after it"), one.verdict
+    tie = run(load_flight_recorder(_dumps("rp20261210_089_uneven_loop_fr", tmp_path / "b",
+                                          {0: 3.0, 1: 0.05, 2: 3.0, 3: 0.05})))
+    assert tie.headline is not None and (tie.headline.kind, tie.headline.ranks) == ("no_op_in_flight", [0, 1, 2, 3]), \
+        tie.verdict
+    assert "nothing recorded says which side" in tie.verdict

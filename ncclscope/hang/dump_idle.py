@@ -23,8 +23,12 @@ timeout yardstick alone read as OK (docs/benchmarks.md).
 `ended_early` is the one shape this table answers on its own: some ranks'
 dumps were written right after their last op, and before every idle rank's
 dump, and they got no further than the idle ranks did. They ended (their
-program returned, or left its loop) while their peers still waited, in
-something the dumps do not record, for the rest of it.
+program returned, or left its loop) while their peers sat outside any
+collective. Every rank runs the same program, so the smaller side is the one
+that left it: a few that ended while most waited ended early (seed 20261210
+#89: one rank's data ran out); a few that sat idle while most ended stopped
+short of the end (seed 20261209 #245: a pair deadlocked in its last step's
+send/recv while four ranks finished).
 """
 from __future__ import annotations
 
@@ -89,8 +93,11 @@ def _pace(ops: pd.DataFrame) -> pd.Series:
 
 
 def ended_early(ix: Any, idle: pd.DataFrame, last_ops: str) -> Finding | None:
-    """A `hang` rooted at the ranks that were dumped right after their last op, before every idle rank's dump,
-    having got no further than the idle ranks (module docstring); None for any other split."""
+    """Where some ranks were dumped right after their last op, before every idle rank's dump, having got no
+    further than the idle ranks (module docstring): the smaller side left the course the others kept. A
+    few ranks that ended while most waited ended early: a `hang` rooted at them. A few that sat idle while
+    most ended stopped: a `no_op_in_flight` rooted at them. As many of each: nothing says which side
+    deviated, and every rank is named. None for any other split."""
     idle_r = sorted(int(r) for r in idle.index[idle["idle"]])
     ended = sorted(int(r) for r in idle.index[~idle["idle"]])
     if not idle_r or not ended:
@@ -103,20 +110,34 @@ def ended_early(ix: Any, idle: pd.DataFrame, last_ops: str) -> Finding | None:
     sub = idle.loc[idle_r]
     lo, hi = int(sub["gap"].min()), int(sub["gap"].max())
     span = duration(lo) if duration(lo) == duration(hi) else f"{duration(lo)} to {duration(hi)}"
-    one = len(ended) == 1
-    title = (f"{rank_label(trace, ended)} ended right after {last_ops} ({'its' if one else 'their'} Flight "
-             f"Recorder dump{'' if one else 's'} {'was' if one else 'were'} written then), while "
-             f"{rank_label(trace, idle_r)} sat {span} outside any collective after the same point and "
-             f"{'was' if len(idle_r) == 1 else 'were'} dumped later: they wait on {'it' if one else 'them'} in "
-             f"something the dumps do not record (a send/recv: gloo records none), or "
-             f"{'it' if one else 'they'} left {'its' if one else 'their'} loop early")
+    one, lone = len(ended) == 1, len(idle_r) == 1
+    ended_txt = (f"{rank_label(trace, ended)} ended right after {last_ops} ({'its' if one else 'their'} Flight "
+                 f"Recorder dump{'' if one else 's'} {'was' if one else 'were'} written then)")
+    idle_txt = (f"{rank_label(trace, idle_r)} sat {span} outside any collective after the same point and "
+                f"{'was' if lone else 'were'} dumped later")
+    if len(ended) < len(idle_r):
+        kind, roots = "hang", ended
+        title = (f"{ended_txt}, while {idle_txt}: they wait on {'it' if one else 'them'} in something the dumps "
+                 f"do not record (a send/recv: gloo records none), or {'it' if one else 'they'} left "
+                 f"{'its' if one else 'their'} loop early")
+    elif len(idle_r) < len(ended):
+        kind, roots = "no_op_in_flight", idle_r
+        title = (f"{rank_label(trace, idle_r)} stopped after {last_ops} and sat {span} outside any collective "
+                 f"before {'its dump' if lone else 'their dumps'}, while {rank_label(trace, ended)} ended right "
+                 f"after it ({'its dump was' if one else 'their dumps were'} written then): "
+                 f"{'it' if lone else 'they'} stopped where the rest of the job ended, outside collectives (in a "
+                 f"send/recv, which gloo does not record, or in compute)")
+    else:
+        kind, roots = "no_op_in_flight", sorted(ended + idle_r)
+        title = (f"{ended_txt}, while {idle_txt}: as many ranks ended as stopped, and nothing recorded says "
+                 f"which side left the program's course")
     ev = [Evidence(rank=r, note=f"dumped {duration(int(idle.at[r, 'gap']))} after its last op, "
-                                f"before every waiting rank's dump") for r in ended[:30]]
+                                f"before every idle rank's dump") for r in ended[:30]]
     ev += [Evidence(rank=r, note=f"sat {duration(int(idle.at[r, 'gap']))} outside any collective before its dump "
                                  f"(its longest interval between two ops: "
                                  f"{duration(int(idle.at[r, 'pace'])) if int(idle.at[r, 'pace']) >= 0 else 'unknown'})")
            for r in idle_r[:30]]
     data = {"ended": ended, "waiting": idle_r, "stopped_after": last_ops,
             "idle_before_dump_s": [round(lo / 1e9, 3), round(hi / 1e9, 3)]}
-    return Finding(kind="hang", severity="error", title=title, ranks=ended, evidence=ev,
+    return Finding(kind=kind, severity="error", title=title, ranks=roots, evidence=ev,
                    involved=sorted(int(r) for r in idle.index), data=data)
