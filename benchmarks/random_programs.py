@@ -86,9 +86,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="analyze the kept programs of an earlier run (OUT/misses, and OUT/work after --keep-all) "
                          "again with this code and print its table with them rescored; the other programs keep "
                          "their recorded scores")
+    ap.add_argument("--rejudge-sources", default=",".join(SOURCES), metavar="LIST",
+                    help="with --rejudge: the evidence sources to analyze again (run, fr); the others keep "
+                         "their recorded scores")
     ns = ap.parse_args(argv)
     if ns.rejudge:
-        return rejudge(Path(ns.rejudge))
+        sources = tuple(x for x in ns.rejudge_sources.split(",") if x)
+        if not sources or set(sources) - set(SOURCES):
+            ap.error(f"--rejudge-sources: a comma-separated list of {', '.join(SOURCES)}")
+        return rejudge(Path(ns.rejudge), sources)
     only = [c for c in ns.only.split(",") if c]
     bad = [c for c in only if c not in CATALOGUE and c != HEALTHY]
     if bad:
@@ -132,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def rejudge(out: Path) -> int:
+def rejudge(out: Path, sources: tuple[str, ...] = SOURCES) -> int:
     """Rescore an earlier run's kept programs with the code here (their jobs are not run again): each
     OUT/misses/NAME (or, after --keep-all, OUT/work/NAME) holds the program, truth.json and the run and
     dump directories it wrote; programs kept nowhere keep their recorded scores."""
@@ -146,7 +152,7 @@ def rejudge(out: Path) -> int:
         if not (d / "truth.json").exists():
             continue
         t = Truth(**json.loads((d / "truth.json").read_text()))
-        for src in SOURCES:
+        for src in sources:
             path = d / src
             if not path.exists() or row[src].get("na") or row[src].get("no_dumps"):
                 continue

@@ -8,8 +8,11 @@ something dumped it. Two yardsticks say "long":
 
 - the op's own collective timeout: no collective may take longer, so a rank
   idle past it was not between two ops of a running loop;
-- the rank's own pace: the longest interval between two consecutive ops of
-  its record. A training loop repeats itself; a rank idle `PACE_FACTOR` times
+- the rank's own pace, on dumps that record no send/recv (gloo: a rank
+  outside every recorded op may be blocked in one; NCCL records p2p, so a
+  rank outside every NCCL op was outside communication, as a healthy job in
+  its evaluation or checkpoint is): the longest interval between two
+  consecutive ops of its record. A training loop repeats itself; a rank idle `PACE_FACTOR` times
   longer than any interval it ever showed, and at least `IDLE_FLOOR_NS`
   (a process's exit and the dump itself take up to ~0.1 s), left its
   routine. This needs `PACE_MIN_OPS` recorded ops: a pace read from one or
@@ -75,8 +78,18 @@ def idle_before_dump(ix: Any, present: list[int]) -> pd.DataFrame | None:
         return None
     per["pace"] = _pace(ix.trace.ops).reindex(per.index).fillna(-1).astype("int64")
     by_pace = (per["pace"] >= 0) & (per["gap"] > IDLE_FLOOR_NS) & (per["gap"] > PACE_FACTOR * per["pace"])
-    per["idle"] = (per["gap"] > per["tmo"]) | by_pace
+    per["idle"] = (per["gap"] > per["tmo"]) | (by_pace & _p2p_unrecorded(ix))
     return per
+
+
+def _p2p_unrecorded(ix: Any) -> bool:
+    """True where every group's backend is gloo, whose Flight Recorder records no send/recv: a rank outside
+    every recorded op may be blocked in one. NCCL records p2p too, so there nothing in flight means the
+    rank was outside communication (compute, an evaluation, a checkpoint), which a healthy job does."""
+    groups = ix.trace.groups
+    if not len(groups) or "backend" not in groups.columns:
+        return False
+    return set(groups["backend"].astype(str)) == {"gloo"}
 
 
 def _pace(ops: pd.DataFrame) -> pd.Series:
