@@ -23,8 +23,11 @@ def read_input(ns: argparse.Namespace, quiet: bool = False) -> Any:
     """`ns.run` read in the mode its flags ask for (engine_args.py), after the memory check; None after a
     one-line error. `quiet`: no progress lines (--json)."""
     size = check_fits(ns.run)     # UsageError (exit 2) when the input alone is bigger than the free memory
+    world = getattr(ns, "world_size", None)
+    if world is not None and world < 1:
+        raise UsageError(f"--world-size {world}: give the job's number of ranks (1 or more)")
     with engine_for(ns, ns.run, quiet, size) as engine:
-        return load_input(ns.run, engine)
+        return load_input(ns.run, engine, world)
 
 
 def run_analyses(trace: Any) -> Any:

@@ -30,12 +30,14 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("run", help="run directory (holds run.json and rank-NNNNN/), or a directory of Flight "
                    "Recorder dumps or PyTorch profiler traces (detected by content)")
     a.add_argument("--json", action="store_true", help="machine-readable output")
+    _world_size_arg(a)
     add_engine_args(a)
     a.set_defaults(func=cmd_analyze)
 
     r = sub.add_parser("report", help="write a self-contained HTML report (bubbles, stragglers, divergence, ...)")
     r.add_argument("run", help="run directory")
     r.add_argument("-o", "--output", default="", help="output HTML file (default: report.html)")
+    _world_size_arg(r)
     add_engine_args(r)
     r.set_defaults(func=cmd_report)
 
@@ -43,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("run", help="run directory, Flight Recorder dump directory or profiler trace directory")
     e.add_argument("--perfetto", default="", metavar="OUT.json", help="Chrome/Perfetto trace-event JSON")
     e.add_argument("--parquet", default="", metavar="DIR", help="Parquet dataset partitioned by rank")
+    _world_size_arg(e)
     add_engine_args(e)
     e.set_defaults(func=cmd_export)
 
@@ -55,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _register_plugins(sub)
     return p
+
+
+def _world_size_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--world-size", type=int, default=None, metavar="N",
+                   help="the job's number of ranks, for Flight Recorder dumps: ranks that left no dump are then "
+                        "seen as missing even when they are the highest (gloo's dumps list no group members)")
 
 
 def _register_plugins(sub: argparse._SubParsersAction) -> None:

@@ -174,14 +174,17 @@ def _head(path: Path) -> bytes:
         return b""
 
 
-def load_any(path: str | os.PathLike[str], *more: str | os.PathLike[str], engine: Any = None) -> Trace:
+def load_any(path: str | os.PathLike[str], *more: str | os.PathLike[str], engine: Any = None,
+             world_size: int | None = None) -> Trace:
     """Load any input ncclscope understands into one Trace (see module docstring); `more`: further
     paths of the same job (NCCL evidence, or the one source of ops); `engine`: read run directories and
-    Flight Recorder dumps on its workers (ncclscope.engine), the same Trace as without it."""
+    Flight Recorder dumps on its workers (ncclscope.engine), the same Trace as without it; `world_size`:
+    the job's number of ranks, for Flight Recorder dumps (the highest ranks may have left none, and gloo's
+    dumps list no group members); other inputs say their own, and a warning says it was not used."""
     inputs = survey(path)
     for m in more:
         inputs.merge(survey(m))
-    trace = _load_primary(*inputs.primary, engine=engine) if inputs.primary else None
+    trace = _load_primary(*inputs.primary, engine=engine, world_size=world_size) if inputs.primary else None
     if trace is not None and inputs.nccl:
         require_readable(trace, path)
     if inputs.nccl:
@@ -190,17 +193,22 @@ def load_any(path: str | os.PathLike[str], *more: str | os.PathLike[str], engine
     return trace
 
 
-def _load_primary(kind: str, path: Path, engine: Any = None) -> Trace:
-    if kind == "run":
-        return load(path, engine=engine)
-    if kind == "parquet":
-        from ncclscope.export import load_parquet
-        return load_parquet(path)
+def _load_primary(kind: str, path: Path, engine: Any = None, world_size: int | None = None) -> Trace:
     if kind == "flight_recorder":
         from ncclscope.load.foreign.flight_recorder import load_flight_recorder
-        return load_flight_recorder(path, engine=engine)
-    from ncclscope.load.foreign.profiler import load_profiler
-    return load_profiler(path)
+        return load_flight_recorder(path, world_size=world_size, engine=engine)
+    if kind == "run":
+        trace = load(path, engine=engine)
+    elif kind == "parquet":
+        from ncclscope.export import load_parquet
+        trace = load_parquet(path)
+    else:
+        from ncclscope.load.foreign.profiler import load_profiler
+        trace = load_profiler(path)
+    if world_size:
+        trace.warnings.append(f"world size {world_size} given: it applies to Flight Recorder dumps only; this "
+                              f"input says {int(trace.world_size)}, and that is used")
+    return trace
 
 
 def require_readable(trace: Trace | None, path: str | os.PathLike[str]) -> None:

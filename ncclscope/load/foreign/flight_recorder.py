@@ -219,6 +219,10 @@ def _world(files: dict[int, tuple[Path, str]], dumps: dict[int, dict[str, Any]],
         names = sorted(implausible)
         warnings.append(f"pg_config of group(s) {', '.join(names[:8])}{' ...' if len(names) > 8 else ''} names "
                         f"ranks of {cap} or more next to {len(files)} dump(s); those member lists are ignored")
+    if world_size and world_size <= max(files):
+        warnings.append(f"world size {world_size} given, but there is a dump of rank {max(files)}: the world is "
+                        f"taken as {max(files) + 1}")
+        return max(files) + 1
     return world_size if world_size else world
 
 
