@@ -89,12 +89,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rejudge-sources", default=",".join(SOURCES), metavar="LIST",
                     help="with --rejudge: the evidence sources to analyze again (run, fr); the others keep "
                          "their recorded scores")
+    ap.add_argument("--fr-world-size", action="store_true",
+                    help="give the Flight Recorder analysis the job's number of ranks (--world-size), as a torchrun "
+                         "user who knows how many ranks they started can; default: the dumps alone")
     ns = ap.parse_args(argv)
     if ns.rejudge:
         sources = tuple(x for x in ns.rejudge_sources.split(",") if x)
         if not sources or set(sources) - set(SOURCES):
             ap.error(f"--rejudge-sources: a comma-separated list of {', '.join(SOURCES)}")
-        return rejudge(Path(ns.rejudge), sources)
+        return rejudge(Path(ns.rejudge), sources, ns.fr_world_size)
     only = [c for c in ns.only.split(",") if c]
     bad = [c for c in only if c not in CATALOGUE and c != HEALTHY]
     if bad:
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def rejudge(out: Path, sources: tuple[str, ...] = SOURCES) -> int:
+def rejudge(out: Path, sources: tuple[str, ...] = SOURCES, fr_world: bool = False) -> int:
     """Rescore an earlier run's kept programs with the code here (their jobs are not run again): each
     OUT/misses/NAME (or, after --keep-all, OUT/work/NAME) holds the program, truth.json and the run and
     dump directories it wrote; programs kept nowhere keep their recorded scores."""
@@ -156,7 +159,7 @@ def rejudge(out: Path, sources: tuple[str, ...] = SOURCES) -> int:
             path = d / src
             if not path.exists() or row[src].get("na") or row[src].get("no_dumps"):
                 continue
-            rc, rep = analyze(path, d / f"rejudged_{src}.json")
+            rc, rep = analyze(path, d / f"rejudged_{src}.json", extra=world_args(src, t.world, fr_world))
             row[src] = score(t, f"{row['name']}.py", rc, rep, src, row.get("fr_left_out"))
         was = row.get("miss")
         row["miss"] = is_miss(row)
@@ -193,7 +196,7 @@ def run_one(ns: argparse.Namespace, out: Path, work_root: Path, index: int, bug:
             if bug == HEALTHY:
                 row[src]["false_alarm"] = False
             continue
-        rc, rep = analyze(path, work / f"analyze_{src}.json")
+        rc, rep = analyze(path, work / f"analyze_{src}.json", extra=world_args(src, t.world, ns.fr_world_size))
         row[src] = score(t, prog.filename, rc, rep, src, job.fr_left_out)
     miss = row["miss"] = is_miss(row)
     if miss:
@@ -204,6 +207,11 @@ def run_one(ns: argparse.Namespace, out: Path, work_root: Path, index: int, bug:
     if not ns.keep_all:
         shutil.rmtree(work, ignore_errors=True)
     return row
+
+
+def world_args(src: str, world: int, given: bool) -> tuple[str, ...]:
+    """`--world-size N` for the dumps' analysis when the run says a user knows it (--fr-world-size)."""
+    return ("--world-size", str(world)) if given and src == "fr" else ()
 
 
 EMPTY_DUMPS = "the dumps hold no entries"     # flight_recorder._load's line for dumps with no entry at all

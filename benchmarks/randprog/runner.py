@@ -148,10 +148,11 @@ def extract_fr(run_dir: Path, fr_dir: Path, world: int, died: list[int], res: Jo
         res.fr_ranks.append(r)
 
 
-def analyze(path: Path, out_json: Path, timeout_s: float = 180.0) -> tuple[int, dict[str, Any]]:
-    """`ncclscope analyze --json PATH` in its own process group; (exit code, report or {"no_json": ...})."""
+def analyze(path: Path, out_json: Path, timeout_s: float = 180.0,
+            extra: tuple[str, ...] = ()) -> tuple[int, dict[str, Any]]:
+    """`ncclscope analyze --json PATH [extra]` in its own process group; (exit code, report or {"no_json": ...})."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "ncclscope", "analyze", "--json", str(path)], cwd=str(ROOT),
+    proc = subprocess.Popen([sys.executable, "-m", "ncclscope", "analyze", "--json", str(path), *extra], cwd=str(ROOT),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout_s)
