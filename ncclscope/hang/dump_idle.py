@@ -78,11 +78,11 @@ def idle_before_dump(ix: Any, present: list[int]) -> pd.DataFrame | None:
         return None
     per["pace"] = _pace(ix.trace.ops).reindex(per.index).fillna(-1).astype("int64")
     by_pace = (per["pace"] >= 0) & (per["gap"] > IDLE_FLOOR_NS) & (per["gap"] > PACE_FACTOR * per["pace"])
-    per["idle"] = (per["gap"] > per["tmo"]) | (by_pace & _p2p_unrecorded(ix))
+    per["idle"] = (per["gap"] > per["tmo"]) | (by_pace & p2p_unrecorded(ix))
     return per
 
 
-def _p2p_unrecorded(ix: Any) -> bool:
+def p2p_unrecorded(ix: Any) -> bool:
     """True where every group's backend is gloo, whose Flight Recorder records no send/recv: a rank outside
     every recorded op may be blocked in one. NCCL records p2p too, so there nothing in flight means the
     rank was outside communication (compute, an evaluation, a checkpoint), which a healthy job does."""

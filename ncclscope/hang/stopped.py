@@ -33,7 +33,7 @@ from ncclscope import schema as S
 from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, FindingKind, InstanceRef
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label
-from ncclscope.hang.dump_idle import PACE_FACTOR, ended_early, idle_before_dump
+from ncclscope.hang.dump_idle import PACE_FACTOR, PACE_MIN_OPS, ended_early, idle_before_dump, p2p_unrecorded
 from ncclscope.hang.loop_order import sequence_deviant
 from ncclscope.hang.wording import duration
 
@@ -112,13 +112,14 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         gs = sorted(set(later["process_group"].astype(str)), key=lambda n: (len(n), n))
         went = ", ".join(gs[:6]) + (f" and {len(gs) - 6} more" if len(gs) > 6 else "")
     where = _last_ops(ix, stopped)
+    example = _where_else(ix, stopped)
     if others:
         head = (f"{rank_label(trace, stopped)} stopped after {where}, no collective in flight, while "
                 f"{rank_label(trace, others)} went on to collectives on {went}: the stopped ranks hung or died "
-                f"outside collectives, for example in group creation")
+                f"outside collectives, {example}")
     else:
         head = (f"all ranks stopped after {where}, no collective in flight: the job hung or died outside "
-                f"collectives, for example in group creation")
+                f"collectives, {example}")
     if unused:
         shown = ", ".join(ix.label(n) for n in unused[:6]) + (f" and {len(unused) - 6} more" if len(unused) > 6 else "")
         title = (f"{head} ({len(unused)} process group{'s' if len(unused) != 1 else ''} {shown} "
@@ -144,6 +145,17 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         data["went_on"] = others
     return [Finding(kind="no_op_in_flight", severity="error", title=title, ranks=sorted(int(r) for r in stopped),
                     evidence=ev[:60], involved=sorted(int(r) for r in present), data=data)]
+
+
+def _where_else(ix: Any, stopped: list[int]) -> str:
+    """Where ranks outside every collective may be: a rank that ran its loop (PACE_MIN_OPS ops or more) on a
+    backend that records no send/recv (gloo) most likely waits in one; a rank that stopped after its
+    set-up ops, in the creation of the groups its loop uses."""
+    coll = ix.coll
+    n = coll[coll["rank"].isin(stopped).to_numpy()].groupby("rank").size() if len(coll) else None
+    if n is not None and len(n) and int(n.min()) >= PACE_MIN_OPS and p2p_unrecorded(ix):
+        return "for example in a send/recv (gloo records none), in compute, or in group creation"
+    return "for example in group creation"
 
 
 def _empty_dumps(ix: Any, present: list[int], empty: list[int]) -> Finding:
