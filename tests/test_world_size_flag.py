@@ -25,7 +25,11 @@ def test_the_world_size_names_the_highest_rank_that_left_no_dump(capsys) -> None
 def test_without_it_the_dumps_alone_say_what_they_say(capsys) -> None:
     """The limit, kept visible: one dump of rank 0 and nothing counting a rank 1."""
     main(["analyze", str(DUMPS)])
-    assert "DEAD RANK" not in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "DEAD RANK" not in out
+    # ... but it says what it assumed, and how to say otherwise
+    assert "only rank 0's dump, and nothing in it counts another rank: read as a job of one rank; if the job " \
+           "had more, their dumps are missing (give --world-size N)" in err, err
 
 
 def test_a_world_size_below_the_dumps_ranks_is_corrected_with_a_warning(tmp_path, capsys) -> None:

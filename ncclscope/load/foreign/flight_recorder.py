@@ -195,6 +195,9 @@ def _read(root: Path, world_size: int | None, engine: Any = None) -> _Read:
                             f"dumps end at rank {world - 1}, so the world has at least {floor} ranks and rank(s) "
                             f"{fmt_ranks(list(range(world, floor)))} left no dump")
             world = floor
+        if world == 1:        # a job of one rank has nothing to hang on: more likely the others left no dump
+            warnings.append("only rank 0's dump, and nothing in it counts another rank: read as a job of one rank; "
+                            "if the job had more, their dumps are missing (give --world-size N)")
     return _Read(root, files, dumps, versions, ents, world, warnings, widths)
 
 
