@@ -100,3 +100,18 @@ def test_a_few_ranks_idle_where_most_ended_are_the_ones_that_stopped(tmp_path) -
     assert tie.headline is not None and (tie.headline.kind, tie.headline.ranks) == ("no_op_in_flight", [0, 1, 2, 3]), \
         tie.verdict
     assert "nothing recorded says which side" in tie.verdict
+
+
+def test_a_dump_written_before_another_members_arrival_is_still_read(tmp_path) -> None:
+    """gloo's end times are inferred from the members' arrivals: rank 2 created broadcast #15 first and was
+    dumped 0.1 ms later, before rank 3 arrived at it, so its inferred end fell after its own dump. That once
+    threw the whole table away (seed 20261212 #87 read OK: six ranks ended, two sat 9 s idle). The end is
+    clamped to the dump now, and rank 2 reads as the one that ended while its peers sat idle."""
+    import pickle
+    d = _dumps("rp20261210_089_uneven_loop_fr", tmp_path, {0: 3.0, 1: 3.0, 2: 3.0, 3: 3.0})
+    f2 = d / "nccl_trace_rank_2"
+    t = pickle.loads(f2.read_bytes())["entries"][-1]["time_created_ns"] + 100_000
+    os.utime(f2, ns=(t, t))
+    a = run(load_flight_recorder(d))
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("hang", [2]), a.verdict
+    assert a.verdict.startswith("HANG: rank 2 ended right after broadcast #15 on default_pg"), a.verdict

@@ -69,12 +69,17 @@ def idle_before_dump(ix: Any, present: list[int]) -> pd.DataFrame | None:
     last = ops.assign(t=ops[["start_ns", "end_ns"]].max(axis=1)).sort_values(["rank", "t"])
     last = last.drop_duplicates("rank", keep="last").set_index("rank")
     last.index = last.index.astype("int64")
-    per = pd.DataFrame({"dumped": dumped, "t": last["t"], "tmo": last["timeout_ms"] * 1_000_000}).reindex(present)
+    per = pd.DataFrame({"dumped": dumped, "t": last["t"], "start": last["start_ns"],
+                        "tmo": last["timeout_ms"] * 1_000_000}).reindex(present)
     if per.isna().any(axis=None):                  # a rank without a marker or without a collective
         return None
     per = per.astype("int64")
+    # gloo's end times are inferred from the other members' arrival (the loader), which can fall a few ms
+    # after this rank's own dump: the op ended by the dump on this rank, so its end is clamped to the dump.
+    # A dump before the op's own creation on the rank is a file time not to trust: nothing is said.
+    per["t"] = per["t"].where(per["t"] <= per["dumped"], per["dumped"])
     per["gap"] = per["dumped"] - per["t"]
-    if not ((per["t"] > 0) & (per["tmo"] > 0) & (per["gap"] >= 0)).all():
+    if not ((per["start"] > 0) & (per["tmo"] > 0) & (per["dumped"] >= per["start"])).all():
         return None
     per["pace"] = _pace(ix.trace.ops).reindex(per.index).fillna(-1).astype("int64")
     by_pace = (per["pace"] >= 0) & (per["gap"] > IDLE_FLOOR_NS) & (per["gap"] > PACE_FACTOR * per["pace"])
