@@ -43,8 +43,8 @@ from ncclscope import schema as S
 from ncclscope.findings import Evidence, Finding
 from ncclscope.index.labels import rank_label
 from ncclscope.hang.wording import duration
+from ncclscope.load.foreign.fr_extras import DUMP_MARKER   # one row per dump, at its file time
 
-DUMP_MARKER = "flight_recorder_dump"   # ingest.flight_recorder.DUMP_MARKER: one row per dump, at its mtime
 PACE_FACTOR = 10
 IDLE_FLOOR_NS = 1_000_000_000
 PACE_MIN_OPS = 4
@@ -104,10 +104,9 @@ def _pace(ops: pd.DataFrame) -> pd.Series:
     if not len(ops):
         return pd.Series(dtype="int64")
     t = ops[["rank", "start_ns"]].astype("int64").sort_values(["rank", "start_ns"])
-    step = t.groupby("rank")["start_ns"].diff()
-    n = t.groupby("rank")["start_ns"].transform("size")
-    out = step[(n >= PACE_MIN_OPS).to_numpy()].groupby(t["rank"][(n >= PACE_MIN_OPS).to_numpy()]).max()
-    return out.dropna().astype("int64")
+    by_rank = t.groupby("rank")["start_ns"]
+    t = t.assign(step=by_rank.diff())[(by_rank.transform("size") >= PACE_MIN_OPS).to_numpy()]
+    return t.groupby("rank")["step"].max().dropna().astype("int64")
 
 
 def ended_early(ix: Any, idle: pd.DataFrame, last_ops: str) -> Finding | None:
