@@ -181,8 +181,10 @@ class CauseBasis(_StrEnum):
     # a wrong group: the call site's usual group; a group the rank is not a member of
     CALL_SITE = "call_site"
     NOT_MEMBER = "not_member"
-    # a group created in another order, told by its description (group_order.py)
+    # a group created in another order, told by its description (group_order.py), or by the number each
+    # process gave the group it stopped in (group_ids.py)
     DESC = "desc"
+    GROUP_ID = "group_id"
     # a peer's collective that timed out waiting for this rank (late_arrival.py)
     LATE_ARRIVAL = "late-arrival"
     # a departure from the rank's own routine: its previous step, or its loop's previous iteration

@@ -25,6 +25,9 @@ the same name with different members. gloo writes an empty pg_config
   group). At least two groups must be crossed, every call from those sites
   crossed, and the sites the rank uses there exactly the sites the others use
   there (a permutation).
+- **each process's numbers** (neither of the above: a job that hung at the
+  first use of its groups crosses nothing): the Flight Recorder `pg_id`
+  each rank gave the group it stopped in alone (group_ids.py).
 
 Silent on healthy traces by construction: a name with one description and
 groups whose users agree on the call site raise nothing. Every rule reads
@@ -39,6 +42,7 @@ import numpy as np
 import pandas as pd
 
 from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, InstanceRef
+from ncclscope.hang.group_ids import by_group_ids
 from ncclscope.index.views import IndexLike, TraceIndex, as_index
 from ncclscope.index.labels import created_at, rank_label
 
@@ -77,6 +81,8 @@ def creation_order_findings(source: IndexLike) -> list[Finding]:
     found = _by_desc(ix, users, full)
     named = {r for f in found for r in f.ranks}
     found += [f for f in _by_call_site(ix, sites, full) if not set(f.ranks) & named]
+    if not found:         # nothing crossed: ranks that stopped at their groups' first use (Flight Recorder pg_id)
+        found = by_group_ids(ix, full())
     return found[:MAX_FINDINGS]
 
 

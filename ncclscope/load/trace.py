@@ -58,6 +58,7 @@ class RankInfo:
     call_sites: dict[str, tuple[str, int]] = field(default_factory=dict)
     cwd: str = ""                          # the process's working directory (relative call sites are in it)
     group_sites: dict[str, str] = field(default_factory=dict)   # group -> the line that created it (usertrace)
+    group_ids: dict[str, int] = field(default_factory=dict)     # group -> its FR pg_id here (docs/ingest.md)
 
     @property
     def died(self) -> bool:

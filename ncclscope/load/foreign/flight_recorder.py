@@ -256,7 +256,7 @@ def _assemble(read: _Read, fixed: FixedUp) -> Trace:
     tables.append(markers)
 
     world = f.world
-    ranks = {r: RankInfo(rank=r, present=r in present) for r in range(world)}
+    ranks = {r: RankInfo(rank=r, present=r in present, group_ids=f.group_ids.get(r, {})) for r in range(world)}
     for r in range(world):
         if r not in files:
             warnings.append(f"rank {r}: no Flight Recorder dump (the rank died or never dumped); "

@@ -155,6 +155,9 @@ class Entries:
         self._parts: dict[str, list[np.ndarray]] = {k: [] for k in _INTS + ("is_p2p",) + _CODED}
         self.frames: dict[tuple[int, int], Any] = {}     # (rank, record_id) -> frames, unfinished entries only
         self.rank_stats: dict[int, tuple[int, int, int, int, int]] = {}
+        # (rank, pg name code) -> the entries' pg_id: the group's number in the order its recording process
+        # built its groups (torch's per-process backend counter; hang/group_ids.py reads it)
+        self.group_ids: dict[tuple[int, int], int] = {}
         self._bytes_cache: dict[tuple[str, str], tuple[str, int]] = {}
         self._tables: dict[str, _Table] = {k: _Table() for k in _CODED}
 
@@ -208,6 +211,7 @@ class Entries:
                 frames[(rank, int(record[i]))] = fr
         stats = (int(record.min()), int(ints["created"].min()), int(ints["created"].max()),
                  int(ints["timeout_ms"].max()), int(record.max()))
+        ids = _group_ids(rank, coded["pg_name"][0], field_ints(c["pg_id"], -1))
         # nothing failed: commit
         for key, arr in ints.items():
             self._parts[key].append(arr)
@@ -220,6 +224,8 @@ class Entries:
             min(old[0], stats[0]), min(old[1], stats[1]), max(old[2], stats[2]), max(old[3], stats[3]),
             max(old[4], stats[4]))
         self.frames.update(frames)
+        for key, gid in ids.items():
+            self.group_ids.setdefault(key, gid)
 
     def _unfinished(self, pending: np.ndarray, coded: dict[str, Any], ints: dict[str, np.ndarray],
                     is_p2p: np.ndarray) -> np.ndarray:
@@ -349,6 +355,10 @@ class Entries:
                 min(old[0], stats[0]), min(old[1], stats[1]), max(old[2], stats[2]), max(old[3], stats[3]),
                 max(old[4], stats[4]))
         self.frames.update(other.frames)
+        pg_lut = self._tables["pg_name"].index
+        theirs_pg = list(other._tables["pg_name"].index)
+        for (rank, code), gid in other.group_ids.items():
+            self.group_ids.setdefault((rank, pg_lut[theirs_pg[code]]), gid)
 
     def finish(self) -> "Entries":
         """Concatenate the per-dump pieces, one column at a time (each column's pieces are
@@ -386,6 +396,15 @@ class Entries:
         self._parts = {}
         self._bytes_cache = {}
         return self
+
+
+def _group_ids(rank: int, pg_code: np.ndarray, pg_id: np.ndarray) -> dict[tuple[int, int], int]:
+    """(rank, pg name code) -> pg_id for one dump's entries that carry one (the first where a name has several)."""
+    have = pg_id >= 0
+    if not have.any():
+        return {}
+    codes, first = np.unique(pg_code[have], return_index=True)
+    return {(rank, int(c)): int(g) for c, g in zip(codes.tolist(), pg_id[have][first].tolist())}
 
 
 def _plain_sites(all_frames: list[Any]) -> list[str]:

@@ -15,9 +15,10 @@ __all__ = ["KEYS", "OPTIONAL", "ALL_KEYS", "fields"]
 KEYS = ("record_id", "process_group", "collective_seq_id", "p2p_seq_id", "profiling_name", "input_sizes",
         "input_dtypes", "state", "time_created_ns", "time_discovered_started_ns", "time_discovered_completed_ns",
         "timeout_ms", "is_p2p", "thread_id")
-# fields a 2.x dump may lack (outputs came with 2.2, thread_name with 2.9; a JSON dump has no frames): read
-# where present, None where not, without sending the whole dump down the tolerant path
-OPTIONAL = ("frames", "output_sizes", "output_dtypes", "thread_name")
+# fields a 2.x dump may lack (outputs came with 2.2, thread_name with 2.9; a JSON dump has no frames; pg_id,
+# the recording process's own number of the group): read where present, None where not, without sending the
+# whole dump down the tolerant path
+OPTIONAL = ("frames", "output_sizes", "output_dtypes", "thread_name", "pg_id")
 ALL_KEYS = KEYS + OPTIONAL
 _GET_ALL = operator.itemgetter(*ALL_KEYS)
 

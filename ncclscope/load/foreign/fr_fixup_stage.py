@@ -102,6 +102,12 @@ class FixedUp:
         namer = GroupNamer(zip(self.pair_pg, pair_desc, pm))
         label_code_of_pair, self.labels = factorize_texts([namer(g, d, m) for g, d, m in zip(self.pair_pg, pair_desc, pm)])
         self.label = label_code_of_pair[self.pair_code]
+        # rank -> {label: the rank's own number of that group} where the dumps carry pg_id (hang/group_ids.py)
+        self.group_ids: dict[int, dict[str, int]] = {}
+        for r, code, lc in zip(self.pair_rank, (self.pair_uniq % n_pg).tolist(), label_code_of_pair.tolist()):
+            gid = ents.group_ids.get((r, int(code)))
+            if gid is not None:
+                self.group_ids.setdefault(r, {})[self.labels[lc]] = gid
         self.members_of_label: list[tuple[int, ...]] = [()] * len(self.labels)
         self.info_of_label: list[tuple[str, str]] = [("", "")] * len(self.labels)
         for i, lc in enumerate(label_code_of_pair):
