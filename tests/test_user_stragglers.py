@@ -231,3 +231,19 @@ def test_a_loop_followed_by_a_final_barrier_still_has_iterations() -> None:
     assert loop_iterations(["a", "b", "a", "c", "d"]) is None
     a = run(load(Path(__file__).parent / "data" / "randprog" / "rp20261208_231_slow"))
     assert (a.headline.kind, a.headline.ranks) == ("straggler", [3]), a.verdict
+
+
+def test_too_few_steps_for_any_record_to_be_rare_is_not_a_straggler_however_late():
+    """Seed 20261212 #364, a healthy 4-rank job of 3 steps (gloo dumps as written): rank 1 arrived last at
+    every collective by 7 ms a step, z 4.8. Three steps of four ranks can give no record rarer than
+    4^-3 = 0.016 > ALPHA, so the strong-effect path (p <= 0.05) must not stand in for it: the power-limited
+    rule asks for at least MIN_STEPS_ALL steps, all led. It read as a STRAGGLER warning before."""
+    from pathlib import Path
+
+    from ncclscope.load.foreign.flight_recorder import load_flight_recorder
+    from ncclscope.verdict import run
+    a = run(load_flight_recorder(Path(__file__).parent / "data" / "randprog" / "rp20261212_364_healthy_fr"))
+    assert a.ok and a.verdict.startswith("OK"), a.verdict
+    late = [f for f in a.findings if f.kind == "straggler"]
+    assert late and all(f.severity == "info" for f in late), [(f.severity, f.title) for f in late]
+    assert "a straggler needs p<=0.01" in late[0].title
