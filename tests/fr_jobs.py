@@ -168,13 +168,23 @@ def _rank(scenario: str, rank: int, world: int, culprit: int, port: int, out: st
     os._exit(0)
 
 
+def clean_context() -> mp.context.BaseContext:
+    """Where the ranks start: forks of a fork server that imported torch once, not of this process.
+    Flight Recorder's buffer is one per process, and a fork of this one would carry into every rank's
+    dump the entries of whatever it ran before (a test that initialised gloo in-process); spawned ranks
+    would each import torch again."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed"])
+    return ctx
+
+
 def make_dumps(scenario: str, world: int, culprit: int, out: Path, deadline_s: float = 90.0) -> Path:
     """Run the scenario on `world` gloo ranks; return the directory holding their dumps."""
     if scenario not in SCENARIOS:
         raise ValueError(f"unknown scenario {scenario!r} (one of {', '.join(SCENARIOS)})")
     out = Path(out) / f"{scenario}-w{world}-c{culprit}"
     out.mkdir(parents=True, exist_ok=False)
-    ctx = mp.get_context("fork")
+    ctx = clean_context()
     port = _free_port()
     procs = [ctx.Process(target=_rank, args=(scenario, r, world, culprit, port, str(out)), daemon=True)
              for r in range(world)]

@@ -2,8 +2,8 @@
 
     OMP_NUM_THREADS=1 python -m pytest tests/test_ingest.py -q
 
-Real inputs are produced here with plain PyTorch: one 3-rank gloo job (forked,
-so torch is imported once) runs two profiled steps (forward/backward per
+Real inputs are produced here with plain PyTorch: one 3-rank gloo job (forks of
+a clean fork server, never of this process) runs two profiled steps (forward/backward per
 microbatch, a send/recv, gradient all-reduces), takes a healthy Flight
 Recorder snapshot (pickle and JSON), then rank 1 skips an all_reduce and every
 rank dumps again. The NCCL case is a hand-made dump in the exact 2.10 layout
@@ -38,6 +38,8 @@ from ncclscope.load.foreign.profiler import load_profiler
 from ncclscope.load.foreign.safe_pickle import UnsafePickleError, safe_load, safe_loads
 from ncclscope.load.trace import TraceError
 
+from fr_jobs import clean_context
+
 pytestmark = pytest.mark.timeout(240)
 
 WORLD = 3
@@ -47,7 +49,7 @@ SKIPPER = 1
 # --------------------------------------------------------------------------
 # The gloo job (one per module)
 # --------------------------------------------------------------------------
-def _job(rank: int, world: int, port: int, out: str, done) -> None:  # runs in a forked child
+def _job(rank: int, world: int, port: int, out: str, done) -> None:  # runs in a child of the fork server
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
     import torch.distributed as dist
@@ -105,7 +107,10 @@ def gloo_job(tmp_path_factory) -> Path:
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
     sock.close()
-    ctx = mp.get_context("fork")
+    # not a fork of this process: Flight Recorder's buffer is one per process, and a fork inherits the entries
+    # of whatever earlier tests ran here (test_run_units and test_user_nan initialise gloo in-process: the job's
+    # dumps then held their group "1" beside default_pg); each rank must be the plain torch job a user runs
+    ctx = clean_context()
     done = ctx.Event()
     procs = [ctx.Process(target=_job, args=(r, WORLD, port, str(out), done), daemon=True) for r in range(WORLD)]
     for p in procs:
