@@ -35,6 +35,7 @@ from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label
 from ncclscope.hang.dump_idle import PACE_FACTOR, PACE_MIN_OPS, ended_early, idle_before_dump, p2p_unrecorded
 from ncclscope.hang.loop_order import sequence_deviant
+from ncclscope.hang.outlived import outlived_roots
 from ncclscope.hang.wording import duration
 
 HISTORY_MIN = 2                 # earlier calls that must agree before a rank's history counts
@@ -56,7 +57,8 @@ def fr_roots(source: IndexLike, roots: list[Finding], others: list[Finding]) -> 
       groups in another order: group_order.py) about ranks the wait-for roots involve comes first:
       groups built differently pair the wrong processes, and the hang or deadlock that follows is its
       consequence (filed under it as supporting); with no wait-for root, the first error heads;
-    - the stopped job (`stopped_roots`) when nothing else is known.
+    - the stopped job (`stopped_roots`) when nothing else is known, else the ranks the launcher had to stop
+      after their peers finished (`outlived.outlived_roots`).
     """
     others = resolve_by_history(source, others)
     involved = {r for f in roots for r in f.involved_ranks}
@@ -65,7 +67,8 @@ def fr_roots(source: IndexLike, roots: list[Finding], others: list[Finding]) -> 
     if views:
         head = views[0]
         return [head], [f for f in others if f is not head] + roots
-    return roots + stopped_roots(source, roots + others), others
+    known = roots + others
+    return roots + (stopped_roots(source, known) or outlived_roots(source, known)), others
 
 
 # --------------------------------------------------------------------------
