@@ -54,8 +54,7 @@ class RankInfo:
     exitcode: int | None = None            # from run.json (launcher); None if unknown
     signal: str | None = None              # e.g. "SIGKILL" when killed by a signal
     stopped_by_launcher: bool = False      # still running when the launcher ended the job
-    # call site -> (function name, its def line), from rank.json `call_sites` (the runtime's own traces)
-    call_sites: dict[str, tuple[str, int]] = field(default_factory=dict)
+    call_sites: dict[str, tuple[str, int]] = field(default_factory=dict)   # site -> (function, def line): rank.json
     cwd: str = ""                          # the process's working directory (relative call sites are in it)
     group_sites: dict[str, str] = field(default_factory=dict)   # group -> the line that created it (usertrace)
     group_ids: dict[str, int] = field(default_factory=dict)     # group -> its FR pg_id here (docs/ingest.md)
