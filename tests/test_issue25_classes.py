@@ -776,3 +776,15 @@ def test_a_survivor_s_loop_order_against_one_earlier_iteration_blames_nobody(tmp
     got = sequence_deviant(coll, coll.iloc[[-1]], "g", alone=True)
     assert got is not None and got[0] == 1 and got[2] == "b" and got[3] == 2     # iterations 2 and 3 say so
     assert sequence_deviant(coll, coll.iloc[[-1]], "g") is None      # two members are needed otherwise
+
+
+def test_an_absent_rank_whose_previous_iteration_never_posted_the_match_does_not_break_the_diagnosis() -> None:
+    """seed 20261213 #371 (its run directory as written): rank 0 alone all-reduces a scalar on its cp group
+    at step 3, where its peers' loop issues a reduce_scatter_tensor. A peer's unmatched p2p op led the p2p
+    departure check to the absent rank's previous iteration, which never posted the matching op either:
+    the check indexed a missing call and the whole hang diagnosis failed ("INCOMPLETE: 1 analysis failed").
+    Now that check says nothing, and the mismatch names rank 0 at its line."""
+    from ncclscope.load.trace import load
+    d = diagnose(load(Path(__file__).parent / "data" / "randprog" / "rp20261213_371_extra"))
+    assert (d.headline.kind, d.headline.ranks) == ("collective_mismatch", [0]), d.verdict
+    assert "program.py:82" in d.verdict or "rp20261213_371_extra.py:82" in d.verdict, d.verdict

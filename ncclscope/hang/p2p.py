@@ -218,9 +218,11 @@ def _routine_departure(ix: TraceIndex, f: Finding) -> Finding:
     if i < 0:
         return f                               # a prefix of its previous step: it is just behind
     want = next((t for t in ref[i:] if t[1] == other and t[2] == q), None)
+    if want is None:                           # its previous iteration never posted the matching op either
+        return f
     # Where it went must be another call (another site; in a loop, another op or peer at the same site)
     there = got[i][:3] == want[:3] if virtual else got[i][0] == want[0]
-    if want is None or there or any(t[1] == other and t[2] == q for t in got[i:]):
+    if there or any(t[1] == other and t[2] == q for t in got[i:]):
         return f
     x_site, x_op = got[i][0], got[i][3]
     trace = ix.trace
