@@ -19,9 +19,8 @@ no process ends (Flight Recorder dumps, profiler traces), and when something els
 from __future__ import annotations
 
 from ncclscope.findings import Evidence, Finding
-from ncclscope.hang.wording import duration
+from ncclscope.hang.wording import duration, last_stack_place
 from ncclscope.index.labels import rank_label
-from ncclscope.index.stack_excerpts import user_frame
 from ncclscope.index.views import IndexLike, as_index
 
 
@@ -43,7 +42,7 @@ def outlived_roots(source: IndexLike, roots: list[Finding] | None = None) -> lis
     first = stopped[0]
     row = st.loc[first]
     last_end = int(max(row.last_op_end_ns, row.last_op_start_ns))
-    frame, dumped = user_frame(trace, first, last_end, end, latest=True) if last_end >= 0 else ("", -1)
+    frame, place, where = last_stack_place(trace, first, last_end, end, t0) if last_end >= 0 else ("", "", None)
     idle = duration(end - last_end) if last_end >= 0 else ""
     who = rank_label(trace, stopped)
     verb = "was" if len(stopped) == 1 else "were"
@@ -51,17 +50,16 @@ def outlived_roots(source: IndexLike, roots: list[Finding] | None = None) -> lis
              f"when the launcher stopped the job, in no communication op"
              + (f" for {idle} after {'its' if len(stopped) == 1 else 'their'} last op" if idle else "")
              + (f" ({row.last_op})" if row.last_op else ""))
-    if frame:
+    if where is not None:
         whose = "its" if len(stopped) == 1 else f"rank {first}'s"
-        title += f"; {whose} last stack dump (at {(dumped - t0) / 1e9:.1f} s) has it at {frame}"
+        title += f"; {whose} {place}"
     ev = []
     for r in stopped[:8]:
         s = st.loc[r]
         ev.append(Evidence(rank=int(r), note=f"stopped by the launcher; last op: {s.last_op or 'none'}",
                            op_name=str(s.last_op), time_ns=int(s.last_op_start_ns)))
-    if frame:
-        ev.append(Evidence(rank=first, note=f"main thread at {frame} (stack dump at {(dumped - t0) / 1e9:.1f} s)",
-                           time_ns=int(dumped)))
+    if where is not None:
+        ev.append(where)
     ev += [Evidence(rank=int(r), note="finished (exit 0)") for r in finished[:4]]
     return [Finding(kind="stuck_in_compute", severity="error", title=title, ranks=stopped, evidence=ev,
                     involved=sorted(present), data={"finished": finished, "stopped": stopped, "call_site": frame})]

@@ -40,14 +40,13 @@ from ncclscope.hang.loop_departures import (cycle_leavers, finished_by_leavers, 
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label, seconds
 from ncclscope.hang.loop_order import loop_leavers, loop_passers, looped, not_reached, p2p_passers
-from ncclscope.index.stack_excerpts import user_frame
 from ncclscope.index.wait_edges import WaitEdges
 from ncclscope.index.waitgraph import WaitGraph, wait_graph
 from ncclscope.hang.same_stop import same_stop, same_stop_finding
 from ncclscope.hang.stalled import stalled_findings
-from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, at_site, edge_desc, last_op_evidence, op_desc,
-                                    op_evidence, payload, since, sort_key, waiter_evidence, waiting_summary,
-                                    wanted_desc)
+from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, at_site, edge_desc, last_op_evidence,
+                                    last_stack_place, op_desc, op_evidence, payload, since, sort_key,
+                                    waiter_evidence, waiting_summary, wanted_desc)
 
 MAX_ROOTS_PER_ROLE = 4           # more chain ends of one kind are reported as one finding
 MAX_HOPS = 4                     # cycle hops spelled out in a deadlock title
@@ -373,11 +372,10 @@ def _endpoint_finding(ctx: WaitContext, r: int, role: str, waiters: set[int]) ->
             title = (f"{who} is alive (heartbeats to the end) but in no communication op and never posted "
                      f"{wanted}; its last op was {row.last_op or 'none'}")
             # where it was: the latest stack dump since that op (a timeout's or the final SIGTERM's)
-            frame, dumped = user_frame(ctx.trace, r, int(row.last_op_start_ns), int(ctx.end), latest=True)
-            if frame:
-                title += f"; its last stack dump (at {seconds(dumped - t0)}) has it at {frame}"
-                ev.append(Evidence(rank=r, note=f"main thread at {frame} (stack dump at {seconds(dumped - t0)})",
-                                   time_ns=dumped))
+            _, place, where = last_stack_place(ctx.trace, r, int(row.last_op_start_ns), int(ctx.end), t0)
+            if where is not None:
+                title += f"; its {place}"
+                ev.append(where)
             ev.append(last)
     else:
         kind = "hang"

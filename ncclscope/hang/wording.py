@@ -24,7 +24,7 @@ import pandas as pd
 from ncclscope import schema as S
 from ncclscope.findings import Evidence, InstanceRef, WaitSummary
 from ncclscope.index.labels import NS, group_label, rank_label, seconds
-from ncclscope.index.stack_excerpts import stack_for
+from ncclscope.index.stack_excerpts import stack_for, user_frame
 
 if TYPE_CHECKING:
     from ncclscope.load.trace import Trace
@@ -176,6 +176,17 @@ def waiter_evidence(ctx: WaitContext, waiters: set[int], direct: list[int], root
             note += " (indirectly)"
         ev.append(op_evidence(row, note))
     return ev
+
+
+def last_stack_place(trace: "Trace", r: int, lo_ns: int, hi_ns: int, t0: int) -> tuple[str, str, Evidence | None]:
+    """Where rank `r`'s latest stack dump inside [lo_ns, hi_ns] has its main thread in the user's code:
+    (frame, "last stack dump (at T) has it at FRAME" for a title, its evidence); ("", "", None) when none."""
+    frame, dumped = user_frame(trace, r, lo_ns, hi_ns, latest=True)
+    if not frame:
+        return "", "", None
+    at = seconds(dumped - t0)
+    return (frame, f"last stack dump (at {at}) has it at {frame}",
+            Evidence(rank=int(r), note=f"main thread at {frame} (stack dump at {at})", time_ns=dumped))
 
 
 def last_op_evidence(ctx: WaitContext, r: int, note: str | None = None) -> Evidence:
