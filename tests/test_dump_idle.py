@@ -8,34 +8,12 @@ over 60 times longer than any interval between two of their ops. The same dumps 
 """
 from __future__ import annotations
 
-import json
 import os
-import shutil
-from pathlib import Path
 
 from ncclscope.load.foreign.flight_recorder import load_flight_recorder
 from ncclscope.verdict import run
 
-DATA = Path(__file__).parent / "data" / "randprog"
-
-
-def _dumps(name: str, tmp_path: Path, gap_s: dict[int, float] | None = None) -> Path:
-    """The fixture's dumps in a fresh directory, each file timed as written, or `gap_s[rank]` seconds after
-    its last entry was created."""
-    import pickle
-    src, dst = DATA / name, tmp_path / name
-    dst.mkdir(parents=True)
-    times = json.loads((src / "dump_times.json").read_text())
-    for f in sorted(src.glob("nccl_trace_rank_*")):
-        shutil.copyfile(f, dst / f.name)
-        t = times[f.name]
-        if gap_s is not None:
-            entries = pickle.loads(f.read_bytes())["entries"]
-            last = max(e.get(k) or 0 for e in entries for k in ("time_created_ns", "time_discovered_started_ns",
-                                                                 "time_discovered_completed_ns"))
-            t = last + int(gap_s[int(f.name.rsplit("_", 1)[1])] * 1e9)
-        os.utime(dst / f.name, ns=(t, t))
-    return dst
+from randprog_data import timed_dumps as _dumps
 
 
 def test_a_rank_that_ended_while_its_peers_sat_outside_collectives_is_the_root(tmp_path) -> None:
@@ -115,3 +93,27 @@ def test_a_dump_written_before_another_members_arrival_is_still_read(tmp_path) -
     a = run(load_flight_recorder(d))
     assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("hang", [2]), a.verdict
     assert a.verdict.startswith("HANG: rank 2 ended right after broadcast #15 on default_pg"), a.verdict
+
+
+def test_one_rank_idle_past_its_timeout_while_every_peer_ended_is_stuck_in_compute(tmp_path) -> None:
+    """Seed 20261213 #14: rank 2 sleeps after its last collective (broadcast #9) while ranks 0, 1, 3 and 4 run
+    the program to its end; their dumps were written right after broadcast #9, rank 2's 134 s later, when the
+    launcher stopped it. Alone, it waited on nobody (a send/recv with a peer that exited fails at once), and
+    134 s is past its op's 6 s timeout: it was stuck outside communication. Before, `no_op_in_flight`."""
+    a = run(load_flight_recorder(_dumps("rp20261213_014_hang_compute_fr", tmp_path)))
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("stuck_in_compute", [2]), a.verdict
+    assert a.verdict.startswith("STUCK IN COMPUTE: rank 2 never ended: ranks 0,1,3,4 ended right after broadcast #9"), \
+        a.verdict
+    assert "sat 134.2 s outside any collective" in a.verdict, a.verdict
+
+
+def test_one_rank_idle_within_its_timeout_may_still_be_inside_the_op_that_failed(tmp_path) -> None:
+    """Within the op's timeout the lone idle rank is not read as stuck in compute: seed 20261209 #337, rank 1
+    raised in an all_to_all (gloo's split-size check) and ended; rank 0, inside the same all_to_all, was
+    stopped by the launcher 1.5 s later. And #14 re-timed with rank 2 dumped 3 s after its last op (its
+    timeout is 6 s) says no more than that it stopped there."""
+    a = run(load_flight_recorder(_dumps("rp20261209_337_size_fr", tmp_path / "a")))
+    assert a.headline is None or a.headline.kind != "stuck_in_compute", a.verdict
+    b = run(load_flight_recorder(_dumps("rp20261213_014_hang_compute_fr", tmp_path / "b",
+                                        {0: 0.01, 1: 0.01, 2: 3.0, 3: 0.01, 4: 0.01})))
+    assert b.headline is not None and (b.headline.kind, b.headline.ranks) == ("no_op_in_flight", [2]), b.verdict

@@ -80,3 +80,15 @@ def test_the_numbers_survive_an_export_round_trip(tmp_path):
     assert {r: i.group_ids for r, i in back.ranks.items()} == {r: i.group_ids for r, i in trace.ranks.items()}
     assert run(back).verdict == run(load_flight_recorder(_dumps("rp20261212_003_group_order_fr",
                                                                 tmp_path / "again"))).verdict
+
+
+def test_a_group_name_another_rank_used_for_another_call_does_not_hide_the_odd_rank(tmp_path):
+    """Seed 20261213 #161: rank 0 builds tp before dp, so its 3rd group is its dp pair {0,2}, while rank 1's
+    3rd group is its tp pair {0,1}. Rank 0's all_reduce from line 51 and rank 1's all_gather from line 66
+    both sit in "#1 on 3": another rank recorded the instance, but as another call. Rank 0 still waits alone
+    as a call; by its group number (2nd, where ranks 1-3 use their 1st at line 51) it is the odd one. It
+    read as a collective mismatch before (right rank, wrong cause)."""
+    a = run(load_flight_recorder(_dumps("rp20261213_161_group_order_fr", tmp_path)))
+    h = a.headline
+    assert h is not None and (h.kind, h.ranks) == ("group_mismatch", [0]), a.verdict
+    assert h.cause.basis == "group_id" and h.data["majority_id"] == 1, h.data

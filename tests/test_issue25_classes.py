@@ -772,10 +772,17 @@ def test_a_survivor_s_loop_order_against_one_earlier_iteration_blames_nobody(tmp
     # the rule itself: a lone call against its own earlier calls on the group, with how many iterations say so
     sites = ["a", "b", "c"] * 3 + ["a", "c"]
     coll = pd.DataFrame({"rank": 1, "process_group": "g", "collective_seq_id": range(1, len(sites) + 1),
-                         "op_name": "all_reduce", "call_site": sites})
+                         "op_id": range(len(sites)), "op_name": "all_reduce", "call_site": sites})
     got = sequence_deviant(coll, coll.iloc[[-1]], "g", alone=True)
     assert got is not None and got[0] == 1 and got[2] == "b" and got[3] == 2     # iterations 2 and 3 say so
     assert sequence_deviant(coll, coll.iloc[[-1]], "g") is None      # two members are needed otherwise
+    # ... not from a line the rank never called from before (the first call after its loop looks the same)
+    novel = coll.assign(call_site=sites[:-1] + ["d"])
+    assert sequence_deviant(novel, novel.iloc[[-1]], "g", alone=True) is None
+    # ... nor where another rank made that very call at that point of its own sequence, on its own group
+    peer = coll.assign(rank=3, process_group="h", op_id=range(100, 100 + len(sites)))
+    both = pd.concat([coll, peer], ignore_index=True)
+    assert sequence_deviant(both, coll.iloc[[-1]], "g", alone=True) is None
 
 
 def test_an_absent_rank_whose_previous_iteration_never_posted_the_match_does_not_break_the_diagnosis() -> None:

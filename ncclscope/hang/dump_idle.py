@@ -114,7 +114,13 @@ def ended_early(ix: Any, idle: pd.DataFrame, last_ops: str) -> Finding | None:
     further than the idle ranks (module docstring): the smaller side left the course the others kept. A
     few ranks that ended while most waited ended early: a `hang` rooted at them. A few that sat idle while
     most ended stopped: a `no_op_in_flight` rooted at them. As many of each: nothing says which side
-    deviated, and every rank is named. None for any other split."""
+    deviated, and every rank is named. One idle rank alone, idle past its last op's own timeout, whatever
+    the split: `stuck_in_compute` on it. No rank was left running to pair with it, a send/recv with a
+    peer that exited fails at once (measured: gloo, `Connection closed by peer` within 10 ms), and any op
+    it was in would have timed out (seed 20261213 #14 and #206: a rank sleeping after its last collective
+    while its peers finished, 134 s and 145 s). Within the timeout it may be inside the op whose failure
+    ended the others, until the launcher stops it (seed 20261209 #337: 1.5 s after its peer raised in an
+    all_to_all). None for any other split."""
     idle_r = sorted(int(r) for r in idle.index[idle["idle"]])
     ended = sorted(int(r) for r in idle.index[~idle["idle"]])
     if not idle_r or not ended:
@@ -132,7 +138,12 @@ def ended_early(ix: Any, idle: pd.DataFrame, last_ops: str) -> Finding | None:
                  f"Recorder dump{'' if one else 's'} {'was' if one else 'were'} written then)")
     idle_txt = (f"{rank_label(trace, idle_r)} sat {span} outside any collective after the same point and "
                 f"{'was' if lone else 'were'} dumped later")
-    if len(ended) < len(idle_r):
+    if lone and int(idle.at[idle_r[0], "gap"]) > int(idle.at[idle_r[0], "tmo"]):
+        kind, roots = "stuck_in_compute", idle_r
+        title = (f"{rank_label(trace, idle_r)} never ended: {ended_txt}, while {idle_txt}. Alone, it cannot have "
+                 f"been waiting on a send/recv (a peer's exit fails a pending send/recv at once): it was stuck "
+                 f"outside communication, in compute, I/O or a wait of its own")
+    elif len(ended) < len(idle_r):
         kind, roots = "hang", ended
         title = (f"{ended_txt}, while {idle_txt}: they wait on {'it' if one else 'them'} in something the dumps "
                  f"do not record (a send/recv: gloo records none), or {'it' if one else 'they'} left "

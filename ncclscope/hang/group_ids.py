@@ -20,7 +20,9 @@ The rule, all of it required:
   that group's number on the rank; a strict majority of at least three voters
   agrees on one number;
 - each rank outside it stopped there: that op is its last recorded one and no
-  other rank recorded that instance of its group (it waits alone);
+  other rank recorded that instance of its group as the same call (it waits
+  alone; another rank whose own order gave another group that name may have
+  recorded another call there);
 - some rank of the majority also waits alone at that site (the peer the
   odd one should have met went to the group the names gave it).
 A healthy job raises nothing (no rank waits alone); a layout whose ranks
@@ -89,9 +91,15 @@ def by_group_ids(ix: TraceIndex, use: pd.DataFrame) -> list[Finding]:
 
 
 def _alone(use: pd.DataFrame, rows: pd.DataFrame) -> list[bool]:
-    """Whether each row's instance (group, sequence number) was recorded by its rank only."""
-    n = use.groupby(["process_group", "collective_seq_id"], observed=True)["rank"].nunique()
-    return [int(n.get((g, s), 0)) == 1 for g, s in zip(rows["process_group"], rows["collective_seq_id"])]
+    """Whether each row's instance (group, sequence number) was recorded by its rank only, as the same call:
+    another rank that recorded it as another op from another call site made another call, under a group
+    its own creation order gave the same name (seed 20261213 #161: rank 0's 3rd group is its data-parallel
+    pair, rank 1's 3rd its tensor-parallel pair; rank 0's all_reduce and rank 1's all_gather both sit in
+    "#1 on 3")."""
+    key = ["process_group", "collective_seq_id", "op_name", "call_site"]
+    n = use.astype({"op_name": str, "call_site": str}).groupby(key, observed=True)["rank"].nunique()
+    return [int(n.get((g, s, str(o), str(c)), 0)) == 1
+            for g, s, o, c in zip(rows["process_group"], rows["collective_seq_id"], rows["op_name"], rows["call_site"])]
 
 
 def _last_op_ids(ix: TraceIndex) -> dict[int, int]:

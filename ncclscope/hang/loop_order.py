@@ -283,4 +283,39 @@ def sequence_deviant(coll: pd.DataFrame, rows: pd.DataFrame, group: str,
         else:
             op, _, site = pred[0].split("\x1f")
             off.append((int(row.rank), op, site, pred[1]))
-    return off[0] if len(off) == 1 and fit == len(rows) - 1 else None
+    if len(off) != 1 or fit != len(rows) - 1:
+        return None
+    if alone:
+        row = next(rows.itertuples(index=False))
+        # A call from a line the rank never called from before, with its partner's record gone, is the
+        # loop's normal end (the first call after the loop) as much as a departure from it: nothing left
+        # tells them apart (seed 20261213 #365: rank 1's barrier after its 4th and last iteration; rank 0
+        # had raised in that iteration's compute, its dump lost).
+        earlier = coll[(coll["rank"] == row.rank).to_numpy() & (coll["op_id"] < row.op_id).to_numpy()]
+        if str(row.call_site) not in set(earlier["call_site"].astype(str)) or _course_elsewhere(coll, row, group):
+            return None
+    return off[0]
+
+
+def _course_elsewhere(coll: pd.DataFrame, row: Any, group: str) -> bool:
+    """Did another rank make this very call (op, call site) at this point of its own sequence on one of its
+    groups, after the same calls? Then the call is the program's course, whatever the rank's own earlier
+    calls predicted: an inner loop's run of identical calls predicts one more of them, and the call after
+    the run breaks it in every rank (seed 20261213 #322: four per-parameter all_reduces then one more from
+    another line, in each tensor-parallel group alike; the partner of one group had died)."""
+    k = int(row.collective_seq_id)
+    lo = max(k - MAX_CONTEXT, 0)
+
+    def window(sub: pd.DataFrame) -> list[tuple[int, str, str]]:
+        sub = sub[(sub["collective_seq_id"] > lo).to_numpy() & (sub["collective_seq_id"] <= k).to_numpy()]
+        sub = sub.sort_values("collective_seq_id", kind="stable")
+        return list(zip(sub["collective_seq_id"].astype(int), sub["op_name"].astype(str), sub["call_site"].astype(str)))
+
+    mine = window(coll[(coll["rank"] == row.rank).to_numpy() & (coll["process_group"] == group).to_numpy()])
+    same = coll[(coll["rank"] != row.rank).to_numpy() & (coll["collective_seq_id"] == k).to_numpy()
+                & (coll["op_name"].astype(str) == str(row.op_name)).to_numpy()
+                & (coll["call_site"].astype(str) == str(row.call_site)).to_numpy()]
+    for (r, g), _ in same.groupby(["rank", "process_group"], sort=True, observed=True):
+        if window(coll[(coll["rank"] == r).to_numpy() & (coll["process_group"] == g).to_numpy()]) == mine:
+            return True
+    return False
