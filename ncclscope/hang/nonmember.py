@@ -83,10 +83,10 @@ def _finding(ix, c) -> Finding:
         title += (f"; its other {op} calls there went to {ix.label(usual)}" if basis == "own" else
                   f"; its peers' calls there go to {ix.label(usual)}, a group it is in")
         data["process_group"] = usual
-    if not len(miss):
+    seq = int(miss["seq"].min()) if len(miss) else _shifted(ix, rank, op, site, usual, int(c.first_ns))
+    if seq < 0:
         return Finding(kind="wrong_group", severity="info", title=title, ranks=[rank], evidence=evidence,
                        data=data, cause=cause, layout=NONMEMBER_LAYOUT)
-    seq = int(miss["seq"].min())
     coll = ix.coll
     waiting = coll[(coll["process_group"] == usual).to_numpy() & (coll["collective_seq_id"].to_numpy() == seq)
                    & (coll["rank"].to_numpy() != rank) & (coll["status"].astype(str) != "ok").to_numpy()]
@@ -108,3 +108,27 @@ def _finding(ix, c) -> Finding:
                    instance=InstanceRef(usual, seq),
                    wait=WaitSummary(waiting_ranks=tuple(int(x) for x in waiting["rank"]),
                                     wait_s=wait_s), data=data, cause=cause, layout=NONMEMBER_LAYOUT)
+
+
+def _shifted(ix, rank: int, op: str, site: str, usual: str, after_ns: int) -> int:
+    """The instance of `usual` where the rank's next call, after its no-op one, met its peers' call from the
+    site it left out: the rank posted #k there from another line (its sequence shifted by the call that
+    never reached the group), k unfinished, some other member's #k being `op` from `site`. -1 otherwise.
+    (seed 20261213 #235: rank 1's all_reduce from line 47 went to a group it is not in; its next call on its
+    rep group, an all_gather from line 55, met rank 0's all_reduce from line 47 and both hung: a 1 vs 1 tie
+    the mismatch vote could not break.)"""
+    if not usual:
+        return -1
+    coll = ix.coll
+    mine = coll[(coll["rank"].to_numpy() == rank) & (coll["process_group"] == usual).to_numpy()
+                & (coll["start_ns"].to_numpy() > after_ns)]
+    if not len(mine):
+        return -1
+    nxt = mine.sort_values("collective_seq_id").iloc[0]
+    if str(nxt["status"]) == S.STATUS_OK or (str(nxt["call_site"]) == site and str(nxt["op_name"]) == op):
+        return -1
+    k = int(nxt["collective_seq_id"])
+    peers = coll[(coll["process_group"] == usual).to_numpy() & (coll["collective_seq_id"].to_numpy() == k)
+                 & (coll["rank"].to_numpy() != rank)]
+    met = peers[(peers["call_site"].astype(str) == site).to_numpy() & (peers["op_name"].astype(str) == op).to_numpy()]
+    return k if len(met) else -1
