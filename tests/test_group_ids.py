@@ -15,7 +15,7 @@ from pathlib import Path
 from ncclscope.load.foreign.flight_recorder import load_flight_recorder
 from ncclscope.verdict import run
 
-DATA = Path(__file__).parent / "data" / "randprog"
+from randprog_data import DATA
 
 
 def _dumps(name: str, tmp_path: Path, edit=None) -> Path:

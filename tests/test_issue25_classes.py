@@ -677,8 +677,10 @@ def test_a_rank_that_left_its_loop_comes_before_ranks_whose_state_nothing_says()
 def _dumps_as_cloned(name: str, tmp_path: Path) -> Path:
     """A fixture's dumps copied as a fresh clone has them: every file's time is now, not when torch wrote it."""
     import shutil
+
+    from randprog_data import DATA
     dst = tmp_path / name
-    shutil.copytree(Path(__file__).parent / "data" / "randprog" / name, dst)
+    shutil.copytree(DATA / name, dst)
     return dst
 
 

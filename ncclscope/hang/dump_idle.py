@@ -116,7 +116,8 @@ def ended_early(ix: Any, idle: pd.DataFrame, last_ops: str) -> Finding | None:
     most ended stopped: a `no_op_in_flight` rooted at them. As many of each: nothing says which side
     deviated, and every rank is named. One idle rank alone, idle past its last op's own timeout, whatever
     the split: `stuck_in_compute` on it. No rank was left running to pair with it, a send/recv with a
-    peer that exited fails at once (measured: gloo, `Connection closed by peer` within 10 ms), and any op
+    peer that exited fails at once (measured: gloo raises `Connection closed by peer` some 20 ms
+    after the peer's exit), and any op
     it was in would have timed out (seed 20261213 #14 and #206: a rank sleeping after its last collective
     while its peers finished, 134 s and 145 s). Within the timeout it may be inside the op whose failure
     ended the others, until the launcher stops it (seed 20261209 #337: 1.5 s after its peer raised in an

@@ -62,13 +62,13 @@ def group_members(pair_rank: list[int], pair_pg: list[str], pair_desc: list[str]
         if desc_of[pg].startswith("mesh_"):
             dim_size[desc_of[pg]] = max(dim_size.get(desc_of[pg], 0), len(u))
     for pg, u in rebuilt.items():
+        if pg in completed or not absent:
+            continue
         w = (widths or {}).get(pg, 0) or dim_size.get(desc_of[pg], 0)
-        if pg not in completed and absent and w - len(u) == len(absent):
-            completed[pg] = tuple(sorted(u | absent))
-        elif pg not in completed and absent and not w and u == set(dumps) and len(u) >= 2:
-            # every rank that dumped used it: a group of the whole world (a 1-d mesh built with new_group);
-            # the ranks that left no dump are in it too (seed 20261213 #59: rank 1 exits, its peers wait on
-            # it in a broadcast of that group, which read as rebuilt without it)
+        # its known size lacks exactly the ranks that left no dump; or, size unknown, every rank that dumped
+        # used it: a group of the whole world (a 1-d mesh built with new_group), the dumpless ranks in it too
+        # (seed 20261213 #59: rank 1 exits, its peers wait on it in a broadcast of that group)
+        if w - len(u) == len(absent) or (not w and u == set(dumps) and len(u) >= 2):
             completed[pg] = tuple(sorted(u | absent))
     world = max([world] + [max(m) + 1 for m in completed.values()])
     out: list[tuple[int, ...]] = []
