@@ -1,8 +1,10 @@
 """A rank whose process died leaves no Flight Recorder dump: what the survivors' dumps say, and what they do not.
 
-Three gloo jobs of the random-program benchmark (seed 20261213), their dumps as written (tests/data/randprog).
-Each read wrong on its dumps: a survivor's call read as a deviation where every rank's program made that call
-(#322, #365), or the death stood in front of the mismatch that came before it (#381).
+Gloo jobs of the random-program benchmark, their dumps as written (tests/data/randprog). Each read wrong on
+its dumps: a survivor's call read as a deviation where every rank's program made that call (seed 20261213 #322,
+#365), the death stood in front of the mismatch that came before it (#381), the dead rank was not put back
+into the group it shared with the deviant (seed 20261214 #366), a lone dump read as a healthy job of one
+rank (seed 20261214 #37), or a survivor's run of identical calls read as its loop (seed 20261214 #313).
 """
 from __future__ import annotations
 
@@ -50,3 +52,51 @@ def test_a_group_every_dumped_rank_used_takes_back_the_rank_that_left_no_dump(tm
     a = run(load_flight_recorder(timed_dumps("rp20261213_059_exit_fr", tmp_path)))
     assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("dead_rank", [1]), a.verdict
     assert "1[0-4]" in a.verdict, a.verdict
+
+
+def test_a_lone_group_takes_back_a_rank_whose_dump_is_missing_between_others(tmp_path) -> None:
+    """Seed 20261214 #366 (unseen): a (sp 2, inner 2) mesh, sp groups {0,2} and {1,3}; rank 0 reduces a
+    float64 tensor on its sp group at step 1 where it passed float32 at step 0 (line 58); rank 2 died (gloo
+    aborted it), no dump. Rank 0's sp group was rebuilt as {0}, and {1,3} alone is no mesh to complete it
+    from, so the dead partner was not in it and the dtype change had no one to differ from. Rank 2's dump is
+    missing between others: {0} fits the shape of {1,3} with rank 2 alone put back. Before: DEAD RANK on
+    rank 2."""
+    from ncclscope.index.views import as_index
+    trace = load_flight_recorder(timed_dumps("rp20261214_366_dtype_fr", tmp_path))
+    assert as_index(trace).members["1"] == [0, 2]
+    a = run(trace)
+    h = a.headline
+    assert h is not None and (h.kind, h.ranks) == ("collective_mismatch", [0]), a.verdict
+    assert "float64" in h.title and "program.py" not in h.title and ":58" in h.title, h.title
+
+
+def test_a_lone_dump_is_a_job_of_two_and_its_own_loop_says_what_changed(tmp_path) -> None:
+    """Seed 20261214 #37 (unseen): 2 ranks; rank 0 reduces 101 elements on its group at step 1 where it passed
+    100 at step 0 (line 39); gloo aborted rank 1, no dump. Rank 0's dump alone was read as a healthy job of one
+    rank: OK. Torch writes these dumps on a timeout or an error and one rank has nothing to hang on, so the
+    job had at least 2 ranks; in a world of two a group of more than one rank is both, and rank 0's own
+    earlier call from the very line says what the op should have been."""
+    trace = load_flight_recorder(timed_dumps("rp20261214_037_size_fr", tmp_path))
+    assert trace.world_size == 2 and any("read as a job of at least 2 ranks" in w for w in trace.warnings)
+    a = run(trace)
+    h = a.headline
+    assert h is not None and (h.kind, h.ranks) == ("collective_mismatch", [0]), a.verdict
+    assert "[[101]]" in h.title and "[[100]]" in h.title and ":39" in h.title, h.title
+
+
+def test_a_run_of_one_call_says_nothing_about_its_length_when_the_partner_left_no_record(tmp_path) -> None:
+    """Seed 20261214 #313 (unseen): 2 ranks; rank 0 passes a 1-element object list at step 1 and dies (no
+    dump). Rank 1's calls on its group: a barrier (line 40), four per-parameter all_reduces (line 79), then the
+    next iteration's barrier. Once a world of two puts rank 0 back into that group, the run of four
+    all_reduces predicted a fifth and the barrier read as rank 1 leaving its loop: MISMATCH on rank 1. No
+    earlier run of those all_reduces was longer; the dead rank is all the dumps show."""
+    from ncclscope.hang.loop_order import run_extrapolated
+    a = run(load_flight_recorder(timed_dumps("rp20261214_313_short_objlist_fr", tmp_path)))
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("dead_rank", [0]), a.verdict
+    tok = {c: f"{op}\x1fg\x1f{c}" for c, op in (("40", "barrier"), ("79", "all_reduce"))}
+    b, ar = tok["40"], tok["79"]
+    assert run_extrapolated([b, ar, ar, ar, ar], "all_reduce", "79")
+    # an earlier, longer run of it does say the run goes on (a skipped fifth all_reduce)
+    assert not run_extrapolated([b, ar, ar, ar, ar, ar, b, ar, ar, ar, ar], "all_reduce", "79")
+    # ... and a prediction of another call than the run's is not a run's extrapolation
+    assert not run_extrapolated([b, ar, ar, ar, ar], "barrier", "40")

@@ -141,8 +141,11 @@ def test_a_rank_with_no_dump_is_put_back_into_its_mesh_groups():
     # rank 2's dump is missing between others: {3} is {2,3}, not {3,4}
     got = complete_groups({"1": {0, 1}, "2": {3}, "3": {0}, "4": {1, 3}}, present={0, 1, 3}, world=4)
     assert got == {"2": (2, 3), "3": (0, 2)}
-    # one lone group is no mesh: nothing is guessed
+    # one lone group is no mesh: nothing is guessed about ranks past the dumps' names ...
     assert complete_groups({"1": {0, 1}, "2": {2}}, present={0, 1, 2}) == {}
+    assert complete_groups({"1": {0, 1}, "2": {2}}, present={0, 1, 2}, world=3) == {}
+    # ... but a rank whose dump is missing between others is put back where it alone fits (seed 20261214 #366)
+    assert complete_groups({"1": {0}, "2": {1, 3}}, present={0, 1, 3}, world=4) == {"1": (0, 2)}
     # the rank to put back left a dump: it is not dead, nothing is guessed
     assert complete_groups({"1": {0, 1}, "2": {2}, "3": {0, 2}, "4": {1}}, present={0, 1, 2, 3}) == {}
 

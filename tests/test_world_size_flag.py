@@ -2,8 +2,9 @@
 
 gloo's dumps list no group members, so a rank that left no dump is only seen as missing when something else
 counts it (a lower rank's file, an all_gather's shape). Seed 20261210 #155: 2 ranks, rank 1 calls os._exit(2)
-and leaves no dump; rank 0's dump alone is a healthy one-rank job to the analyzer, and the verdict read OK.
-Its user knows the job had 2 ranks.
+and leaves no dump; rank 0's dump alone was read as a healthy one-rank job, and the verdict read OK. Torch
+writes these dumps on a timeout or an error, and one rank has nothing to hang on: a lone dump of rank 0 is now
+read as a job of at least 2 ranks, rank 1 without a dump. Its user knows how many ranks the job had.
 """
 from __future__ import annotations
 
@@ -22,14 +23,20 @@ def test_the_world_size_names_the_highest_rank_that_left_no_dump(capsys) -> None
     assert "DEAD RANK: rank 1 left no Flight Recorder dump" in out, out
 
 
-def test_without_it_the_dumps_alone_say_what_they_say(capsys) -> None:
-    """The limit, kept visible: one dump of rank 0 and nothing counting a rank 1."""
-    main(["analyze", str(DUMPS)])
+def test_without_it_a_lone_dump_is_a_job_of_at_least_two_ranks(capsys) -> None:
+    """One dump of rank 0 and nothing counting a rank 1: never OK, and it says what it assumed."""
+    assert main(["analyze", str(DUMPS)]) == 1
     out, err = capsys.readouterr()
-    assert "DEAD RANK" not in out
-    # ... but it says what it assumed, and how to say otherwise
-    assert "only rank 0's dump, and nothing in it counts another rank: read as a job of one rank; if the job " \
-           "had more, their dumps are missing (give --world-size N)" in err, err
+    assert "DEAD RANK: rank 1 left no Flight Recorder dump" in out, out
+    assert "only rank 0's dump, and nothing in it counts another rank: read as a job of at least 2 ranks, rank 1 " \
+           "(and any above it) without a dump; give --world-size N for the job's number of ranks" in err, err
+
+
+def test_a_world_of_one_given_is_a_world_of_one(capsys) -> None:
+    """--world-size 1 is the user's word: nothing is assumed missing."""
+    main(["analyze", str(DUMPS), "--world-size", "1"])
+    out, err = capsys.readouterr()
+    assert "DEAD RANK" not in out and "at least 2 ranks" not in err, (out, err)
 
 
 def test_a_world_size_below_the_dumps_ranks_is_corrected_with_a_warning(tmp_path, capsys) -> None:

@@ -294,7 +294,29 @@ def sequence_deviant(coll: pd.DataFrame, rows: pd.DataFrame, group: str,
         earlier = coll[(coll["rank"] == row.rank).to_numpy() & (coll["op_id"] < row.op_id).to_numpy()]
         if str(row.call_site) not in set(earlier["call_site"].astype(str)) or _course_elsewhere(coll, row, group):
             return None
+        mine = coll[(coll["rank"] == row.rank).to_numpy() & (coll["process_group"] == group).to_numpy()
+                    & (coll["collective_seq_id"] < row.collective_seq_id).to_numpy()]
+        if run_extrapolated(_tokens(mine.sort_values("collective_seq_id", kind="stable").iloc[-MAX_SEQUENCE:]),
+                            off[0][1], off[0][2]):
+            return None
     return off[0]
+
+
+def run_extrapolated(tokens: list[str], op: str, site: str) -> bool:
+    """Does the prediction only say that a run of one call goes on? Its trailing run of identical calls
+    (an inner loop: one all_reduce per parameter) predicts one more of the same, but no earlier run of that
+    call was longer, so nothing the rank did before says how long the run is: the call after it may be the
+    loop's next statement as well as a departure (seed 20261214 #313: a barrier, then four per-parameter
+    all_reduces, then the next iteration's barrier, the partner's record lost)."""
+    if not tokens or tokens[-1].split("\x1f")[0::2] != [op, site]:
+        return False
+    last, n = tokens[-1], len(tokens)
+    trail = n - next((i + 1 for i in range(n - 1, -1, -1) if tokens[i] != last), 0)
+    longest, cur = 0, 0
+    for t in tokens[:n - trail]:
+        cur = cur + 1 if t == last else 0
+        longest = max(longest, cur)
+    return longest <= trail
 
 
 def _course_elsewhere(coll: pd.DataFrame, row: Any, group: str) -> bool:

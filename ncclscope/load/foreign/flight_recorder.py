@@ -195,9 +195,14 @@ def _read(root: Path, world_size: int | None, engine: Any = None) -> _Read:
                             f"dumps end at rank {world - 1}, so the world has at least {floor} ranks and rank(s) "
                             f"{fmt_ranks(list(range(world, floor)))} left no dump")
             world = floor
-        if world == 1:        # a job of one rank has nothing to hang on: more likely the others left no dump
-            warnings.append("only rank 0's dump, and nothing in it counts another rank: read as a job of one rank; "
-                            "if the job had more, their dumps are missing (give --world-size N)")
+        if world == 1 and len(ents.rank):
+            # torch writes these dumps on a timeout or an error, and a job of one rank has nothing to hang on:
+            # the others left no dump (their processes died first). Read as one rank, a failed job's lone dump
+            # read OK (seeds 20261210 #155, 20261213 #109, 20261214 #251: rank 1 exited or raised)
+            world = 2
+            warnings.append("only rank 0's dump, and nothing in it counts another rank: read as a job of at least "
+                            "2 ranks, rank 1 (and any above it) without a dump; give --world-size N for the "
+                            "job's number of ranks")
     return _Read(root, files, dumps, versions, ents, world, warnings, widths)
 
 

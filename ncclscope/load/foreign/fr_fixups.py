@@ -67,8 +67,9 @@ def group_members(pair_rank: list[int], pair_pg: list[str], pair_desc: list[str]
         w = (widths or {}).get(pg, 0) or dim_size.get(desc_of[pg], 0)
         # its known size lacks exactly the ranks that left no dump; or, size unknown, every rank that dumped
         # used it: a group of the whole world (a 1-d mesh built with new_group), the dumpless ranks in it too
-        # (seed 20261213 #59: rank 1 exits, its peers wait on it in a broadcast of that group)
-        if w - len(u) == len(absent) or (not w and u == set(dumps) and len(u) >= 2):
+        # (seed 20261213 #59: rank 1 exits, its peers wait on it in a broadcast of that group); in a world of
+        # two with one dump, a group of more than one rank can only be both (seed 20261214 #37)
+        if w - len(u) == len(absent) or (not w and u == set(dumps) and (len(u) >= 2 or world == 2)):
             completed[pg] = tuple(sorted(u | absent))
     world = max([world] + [max(m) + 1 for m in completed.values()])
     out: list[tuple[int, ...]] = []
@@ -103,7 +104,9 @@ def complete_groups(users: dict[str, set[int]], present: set[int], world: int = 
     where every added rank left no dump and is in no group of that shape, is that shape's
     group with its dead member(s) put back ({2} next to tp {0,1} and dp {0,2} is {2,3});
     of several placements, the one that puts back ranks below `world` (a missing dump between
-    others), else the fewest ranks, if it is the only one.
+    others), else the fewest ranks, if it is the only one. A shape only one group has is
+    no mesh on its own: it puts back only ranks below `world` ({0} next to {1,3} where rank 2's
+    dump is missing between others is {0,2}, seed 20261214 #366).
     Anything less certain is left as it is."""
     if not users:
         return {}
@@ -117,8 +120,9 @@ def complete_groups(users: dict[str, set[int]], present: set[int], world: int = 
         taken: set[int] = set()
         if not any(taken & g or taken.update(g) for g in groups):
             shapes[gaps] = (taken, len(groups))       # a family: disjoint groups of one shape
-    if len(shapes) < 2 and not any(n >= 2 for _, n in shapes.values()):
-        return {}                                     # one lone group is no mesh to complete from
+    # one lone group is no mesh to complete from, unless the ranks it would put back are known to be
+    # missing (a higher rank's dump exists): then nothing is guessed about ranks the dumps do not show
+    lone = len(shapes) < 2 and not any(n >= 2 for _, n in shapes.values())
     shapes = {gaps: taken for gaps, (taken, _) in shapes.items()}
     out: dict[str, tuple[int, ...]] = {}
     for name, m in users.items():
@@ -135,7 +139,7 @@ def complete_groups(users: dict[str, set[int]], present: set[int], world: int = 
                     if start >= 0 and m <= set(cand) and extra and not extra & (present | taken):
                         fits.add(cand)
         known = [c for c in fits if max(c) < world]     # ranks the dumps' names show missing come first
-        pool = known or list(fits)
+        pool = known if lone else (known or list(fits))
         fewest = [c for c in pool if len(c) == min(map(len, pool))]    # then the fewest ranks put back
         if len(fewest) == 1:
             out[name] = fewest[0]
