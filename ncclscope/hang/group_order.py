@@ -29,6 +29,12 @@ the same name with different members. gloo writes an empty pg_config
   first use of its groups crosses nothing): the Flight Recorder `pg_id`
   each rank gave the group it stopped in alone (group_ids.py).
 
+`in_group_creation` answers the question the other way round, for run traces:
+which ranks the wait-for graph calls stuck in compute are in fact inside
+`new_group` (their last stack dump on a line that created a group), so that a
+creation disagreement heads their wait even where its rank is not among those
+the wait involves (stopped.fr_roots).
+
 Silent on healthy traces by construction: a name with one description and
 groups whose users agree on the call site raise nothing. Every rule reads
 the index's collective table once; the loops are over (rank, group) pairs
@@ -37,14 +43,16 @@ that are crossed, never over events.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, InstanceRef
+from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, FindingKind, InstanceRef
 from ncclscope.hang.group_ids import by_group_ids
 from ncclscope.index.views import IndexLike, TraceIndex, as_index
 from ncclscope.index.labels import created_at, rank_label
+from ncclscope.index.stack_excerpts import user_frame
 
 MIN_CROSSED = 2                   # a permutation crosses at least two groups
 MAX_FINDINGS = 8
@@ -295,3 +303,22 @@ def _finding(ix: TraceIndex, use: pd.DataFrame, r: int, crossed: list[dict], tit
                    data={"attribute": "creation_order", "process_group": crossed[0]["mine"], "groups": names,
                          "crossed": [dict(c) for c in crossed[:16]]},
                    cause=Cause(basis=CauseBasis(basis), deviant_ranks=(r,), ambiguous=False), layout=ORDER_LAYOUT)
+
+
+def in_group_creation(trace: Any, roots: list[Finding]) -> set[int]:
+    """The ranks of `stuck_in_compute` roots whose last stack dump has them on a line that created a
+    process group (any rank's rank.json `group_sites`, innermost frame): they are not computing but
+    waiting inside group creation on the ranks that create the group with them, so a disagreement about
+    the groups' creation is what holds them, even where the rank that disagrees is not among those the
+    wait-for graph involves (seed 20261214 #82 and #317: rank 1 stuck in new_group, its peer waiting on
+    it in the group's first collective, the rank that created its groups in another order elsewhere)."""
+    stuck = [r for f in roots if f.kind == FindingKind.STUCK_IN_COMPUTE for r in f.ranks]
+    if not stuck:
+        return set()
+    sites = {site.split(" < ")[0] for info in trace.ranks.values() for site in info.group_sites.values()}
+    out = set()
+    for r in stuck:
+        frame, _ = user_frame(trace, int(r), -(1 << 62), 1 << 62, latest=True)
+        if frame and frame.rsplit(" in ", 1)[0] in sites:
+            out.add(int(r))
+    return out

@@ -33,6 +33,7 @@ from ncclscope import schema as S
 from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, FindingKind, InstanceRef
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label
+from ncclscope.hang.group_order import in_group_creation
 from ncclscope.hang.dump_idle import PACE_FACTOR, PACE_MIN_OPS, ended_early, idle_before_dump, p2p_unrecorded
 from ncclscope.hang.loop_order import sequence_deviant
 from ncclscope.hang.outlived import outlived_roots
@@ -54,7 +55,8 @@ def fr_roots(source: IndexLike, roots: list[Finding], others: list[Finding]) -> 
 
     - ties and lone records decided by history (`resolve_by_history`);
     - a group-creation disagreement (ranks' views of a group's members differ, or one rank created its
-      groups in another order: group_order.py) about ranks the wait-for roots involve comes first:
+      groups in another order: group_order.py) about ranks the wait-for roots involve, or with a root rank
+      stuck inside group creation (`in_group_creation`), comes first:
       groups built differently pair the wrong processes, and the hang or deadlock that follows is its
       consequence (filed under it as supporting); with no wait-for root, the first error heads;
     - the stopped job (`stopped_roots`) when nothing else is known, else the ranks the launcher had to stop
@@ -62,8 +64,9 @@ def fr_roots(source: IndexLike, roots: list[Finding], others: list[Finding]) -> 
     """
     others = resolve_by_history(source, others)
     involved = {r for f in roots for r in f.involved_ranks}
+    creating = in_group_creation(as_index(source).trace, roots)
     views = [f for f in others if f.kind == "group_mismatch" and f.severity == "error"
-             and f.data.get("attribute") in ("members", "creation_order") and set(f.ranks) & involved]
+             and f.data.get("attribute") in ("members", "creation_order") and (set(f.ranks) & involved or creating)]
     if views:
         head = views[0]
         return [head], [f for f in others if f is not head] + roots
