@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from randprog.catalogue import BUG_NAMES, CATALOGUE, HEALTHY  # noqa: E402
+from randprog.catalogue import BUG_NAMES, CATALOGUE, HEALTHY, fault_in_unrecorded_op  # noqa: E402
 from randprog.generator import Truth, generate  # noqa: E402
 from randprog.runner import analyze, run_job  # noqa: E402
 from randprog.scorer import judge  # noqa: E402
@@ -245,6 +245,19 @@ def row_line(row: dict) -> str:
             f"truth {row['culprits']} {row['detail']}")
 
 
+def _unrecorded_split(results: list[dict]) -> str:
+    """The dumps' root score apart for faults in ops gloo's recorder keeps and in ops it does not
+    (catalogue.fault_in_unrecorded_op): where the departure left no record, what the dumps say is the
+    consequence, and which rank departed is beyond them."""
+    parts = []
+    for label, want in (("in ops the dumps record", False), ("in ops they do not (send/recv, split sizes)", True)):
+        mine = [r for r in results if r["bug"] != HEALTHY and not r["silent"] and not r["healthy_job_failed"]
+                and not r["fr"].get("na") and fault_in_unrecorded_op(r["bug"], r.get("detail", "")) == want]
+        root = sum(r["fr"]["root"] for r in mine)
+        parts.append(f"{label} {root}/{len(mine)}" + (f" ({100.0 * root / len(mine):.1f} %)" if mine else ""))
+    return "fr root, faults " + "; faults ".join(parts)
+
+
 def table(results: list[dict], seed: int) -> str:
     lines = [f"seed {seed}: {len(results)} programs (silent bugs and failed healthy jobs left out of the scores)",
              "", f"{'class':14s} {'n':>3s} {'excl':>4s} | " + " | ".join(
@@ -290,6 +303,7 @@ def table(results: list[dict], seed: int) -> str:
         pct = lambda a, b: f"{100.0 * a / b:.1f} %" if b else "-"   # noqa: E731
         lines.append(f"{s}: root {pct(root, n)}, cause {pct(cause, n)}, line {pct(line, judged)} "
                      f"(faulty programs; n/a rows left out)")
+    lines.append(_unrecorded_split(results))
     fa = [r for r in results if r["bug"] == HEALTHY]
     if fa:
         lines.append("healthy: right = no error finding and exit code 0; warned (a warning only): "

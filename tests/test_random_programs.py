@@ -105,3 +105,15 @@ def test_healthy_two_rank_program_is_silent(tmp_path: Path) -> None:
 def test_skip_names_its_rank(tmp_path: Path) -> None:
     r = _ran(tmp_path, "skip", 2, seed=5)
     assert r["verdict"]["root"], (r["truth"].culprits, r["verdict"])
+
+
+def test_faults_in_ops_gloo_dumps_do_not_record_are_told_apart() -> None:
+    """The table prints the dumps' root score apart for send/recv faults and all_to_all split sizes."""
+    from randprog.catalogue import fault_in_unrecorded_op
+    for bug in ("wrong_peer", "swap_order"):
+        assert fault_in_unrecorded_op(bug, generate(20261214, 1, bug).truth.detail)
+    splits = [generate(20261214, i, "size").truth.detail for i in range(40)]
+    assert any(fault_in_unrecorded_op("size", d) for d in splits), splits       # all_to_all_single's splits
+    assert not all(fault_in_unrecorded_op("size", d) for d in splits)
+    for bug in ("skip", "dtype", "exit", "group_order"):
+        assert not fault_in_unrecorded_op(bug, generate(20261214, 2, bug).truth.detail)

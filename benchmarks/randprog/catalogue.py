@@ -87,3 +87,11 @@ CATALOGUE: dict[str, BugClass] = {b.name: b for b in (
 HEALTHY = "healthy"
 BUG_NAMES: tuple[str, ...] = tuple(CATALOGUE)
 FR_MISSING_DUMP_KINDS = ("dead_rank",)   # accepted in addition when a culprit's dump is missing
+UNRECORDED_BY_GLOO_FR = ("wrong_peer", "swap_order")   # the faulty op is a send/recv: gloo's dumps keep none
+
+
+def fault_in_unrecorded_op(bug: str, detail: str) -> bool:
+    """Is the injected fault in an op gloo's Flight Recorder keeps no record of (a send/recv), or in a field
+    it does not record (all_to_all_single's split sizes: only the tensors' shapes are kept)? The dumps then
+    hold no trace of the departure itself, only of what followed it; the benchmark prints their scores apart."""
+    return bug in UNRECORDED_BY_GLOO_FR or (bug == "size" and "split sizes" in detail)
