@@ -729,16 +729,21 @@ def test_a_mesh_dimension_s_group_takes_back_its_rank_without_a_dump_by_its_sibl
     """seed 20261209 #102: DeviceMesh rep groups {0,1} and {2,3} (both described "mesh_rep"); rank 0 died
     without a dump, so group 3 was rebuilt as [1] alone and rank 1's deviating all_reduce on it read as
     complete. The groups of one mesh dimension have one size: with exactly the one missing seat and one rank
-    without a dump, that rank is put back. A user's own description, or two candidates, guesses nothing."""
+    without a dump, that rank is put back. Without a mesh description the one other group's shape does the
+    same where the rank it puts back is one whose dump is missing between others (fr_fixups.complete_groups,
+    seed 20261214 #366), even with another rank missing above them; a shape that would put back only ranks
+    past the dumps' names guesses nothing."""
     from ncclscope.load.foreign.fr_fixups import group_members
     dumps = {r: {} for r in (1, 2, 3)}
     got = group_members([1, 2, 3], ["3", "4", "4"], ["mesh_rep", "mesh_rep", "mesh_rep"], dumps, 4, [])
     assert got == [(0, 1), (2, 3), (2, 3)]
     got = group_members([1, 2, 3], ["3", "4", "4"], ["undefined", "undefined", "undefined"], dumps, 4, [])
-    assert got == [(1,), (2, 3), (2, 3)]
-    dumps = {r: {} for r in (1, 2, 3)}
+    assert got == [(0, 1), (2, 3), (2, 3)]
     got = group_members([1, 2, 3], ["3", "4", "4"], ["mesh_rep", "mesh_rep", "mesh_rep"], dumps, 5, [])
-    assert got == [(1,), (2, 3), (2, 3)]
+    assert got == [(0, 1), (2, 3), (2, 3)]
+    dumps = {r: {} for r in (0, 1, 2)}          # {2} next to {0,1}: only rank 3, past the dumps, would fit
+    got = group_members([0, 1, 2], ["3", "3", "4"], ["undefined", "undefined", "undefined"], dumps, 3, [])
+    assert got == [(0, 1), (0, 1), (2,)]
 
 
 def test_a_finished_lone_record_whose_partner_then_died_without_a_dump_is_the_deviation(tmp_path) -> None:
