@@ -41,7 +41,7 @@ def find_wrong_group_by_site(source: IndexLike, max_findings: int = 16) -> list[
     c = coll[(coll["call_site"] != "").to_numpy()]
     if not len(c):
         return []
-    names = {n: kind_of(str(n), kinds) for n in pd.unique(c["process_group"])}   # per name, not per row
+    names = {n: site_kind_of(str(n), kinds) for n in pd.unique(c["process_group"])}   # per name, not per row
     c = c.assign(kind=c["process_group"].map(names).astype(str))
     c = c[~c["kind"].isin(["world", "custom"]).to_numpy()]
     use = c.groupby(["call_site", "kind"], sort=False).size().rename("n").reset_index()
@@ -56,19 +56,44 @@ def find_wrong_group_by_site(source: IndexLike, max_findings: int = 16) -> list[
     for r in odd.sort_values("start_ns").itertuples(index=False):
         peers = c[(c["process_group"] == r.process_group) & (c["collective_seq_id"] == r.collective_seq_id)
                   & (c["rank"] != r.rank)]
-        if not len(peers) or not (peers["site_kind"] == r.kind).all():
+        if len(peers) and not (peers["site_kind"] == r.kind).all():
             continue                 # the peers did not use h's own call site there: no crossing
-        own = [n for n, k in kinds.items() if k == r.site_kind and int(r.rank) in members.get(n, [])]
+        own = [n for n in kinds if site_kind_of(n, kinds) == r.site_kind and int(r.rank) in members.get(n, [])]
         if len(own) != 1:
             continue
         g = own[0]
         ms = ix.max_seq
         mine = ms[(ms["process_group"] == g) & (ms["rank"] == r.rank)]["max_seq"]
         k = int(mine.iloc[0]) + 1 if len(mine) else 1
+        if not len(peers) and not _alone_and_awaited(coll, r, g, k):
+            continue
         findings.append(_site_finding(ix, r, g, k, peers))
         if len(findings) >= max_findings:
             break
     return findings
+
+
+def site_kind_of(name: str, kinds: dict[str, str]) -> str:
+    """The kind of group a call site's calls are told apart by: the group's kind, or, for a Flight Recorder
+    group labelled by its DeviceMesh dimension ("mesh_fsdp:4"), that dimension. Two dimensions the schema
+    files under one kind (fsdp and dp are both "dp") are two kinds of group to a call site: a line that
+    all-reduces on the dp group every step does not go to the fsdp group (seed 20261214 #327)."""
+    kind = kind_of(name, kinds)
+    if name.startswith("mesh_") and kind not in ("world", "custom"):
+        return name.split(":", 1)[0]
+    return kind
+
+
+def _alone_and_awaited(coll: pd.DataFrame, r, g: str, k: int) -> bool:
+    """No peer paired the call (no other member recorded that instance of h: seed 20261214 #327, its partner
+    had gone on past the call site it used on its own group), so nothing crossed; the call still went to the
+    wrong group where the rank is waiting in it alone, and members of its own group of the site's kind wait
+    in the very instance it never entered."""
+    if str(r.status) == "ok":
+        return False
+    waiting = coll[(coll["process_group"] == g).to_numpy() & (coll["collective_seq_id"] == k).to_numpy()
+                   & (coll["rank"] != r.rank).to_numpy() & (coll["status"].astype(str) != "ok").to_numpy()]
+    return bool(len(waiting))
 
 
 def _any_site_crossing(coll: pd.DataFrame, kinds: dict[str, str]) -> bool:
@@ -86,7 +111,7 @@ def _any_site_crossing(coll: pd.DataFrame, kinds: dict[str, str]) -> bool:
         return False
     u, first = np.unique(gid, return_index=True)
     names = coll["process_group"].iloc[first].tolist()
-    kind_names = [kind_of(str(n), kinds) for n in names]
+    kind_names = [site_kind_of(str(n), kinds) for n in names]
     kcodes, klist = pd.factorize(pd.Series(kind_names, dtype=object))
     per_gid = np.full(int(u.max()) + 1 if len(u) else 1, -1, dtype=np.int64)
     per_gid[u] = kcodes
@@ -113,8 +138,9 @@ def _site_finding(ix: TraceIndex, r, g: str, k: int, peers: pd.DataFrame) -> Fin
     waiting = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k) & (coll["rank"] != b)
                    & (coll["status"].astype(str) != "ok")].sort_values("rank")
     peer_sites = ", ".join(sorted(set(peers["call_site"].astype(str))))
+    entered = f"which its peers entered from {peer_sites}" if len(peers) else "which no other member entered"
     title = (f"{rank_label(trace, [b])} called {r.op_name} on {ix.label(h)} instead of {ix.label(g)} at {site} "
-             f"(#{int(r.collective_seq_id)} on {h}, which its peers entered from {peer_sites}; every other "
+             f"(#{int(r.collective_seq_id)} on {h}, {entered}; every other "
              f"call from {site} is on a group like {g})" + created_at(trace, [b], h))
     since = wait_since(ix.end_ns, waiting["start_ns"])
     if len(waiting):
