@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=1,
                     help="programs run at once (a hung job mostly waits on its timeout; 2 on 2 cores)")
     ap.add_argument("--dry-run", action="store_true", help="write the programs and their truth; run nothing")
+    ap.add_argument("--resume", action="store_true",
+                    help="with --out of a run that was stopped: run only the programs its results.jsonl lacks")
     ap.add_argument("--rejudge", default="", metavar="OUT",
                     help="analyze the kept programs of an earlier run (OUT/misses, and OUT/work after --keep-all) "
                          "again with this code and print its table with them rescored; the other programs keep "
@@ -120,6 +122,15 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     lock = threading.Lock()
     done = [0]
+    todo = list(enumerate(bugs))
+    if ns.resume and (out / "results.jsonl").exists():
+        # the same seed and counts give the same programs: the ones already scored are kept as they are
+        results = [json.loads(x) for x in (out / "results.jsonl").read_text().splitlines() if x.strip()]
+        have = {r["name"] for r in results}
+        todo = [(i, b) for i, b in todo if generate(ns.seed, i, b, max_world=min(16, max(2, ns.max_world))
+                                                     ).truth.name not in have]
+        done[0] = len(results)
+        log(f"randprog: resuming, {len(results)} programs already scored, {len(todo)} to run")
 
     def one(index: int, bug: str) -> dict:
         row = run_one(ns, out, work_root, index, bug)
@@ -132,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         return row
 
     with ThreadPoolExecutor(max_workers=max(1, ns.jobs)) as pool:
-        list(pool.map(lambda ib: one(*ib), enumerate(bugs)))
+        list(pool.map(lambda ib: one(*ib), todo))
     results.sort(key=lambda r: r["name"])
     report = table(results, ns.seed)
     print(report)

@@ -117,3 +117,26 @@ def test_faults_in_ops_gloo_dumps_do_not_record_are_told_apart() -> None:
     assert not all(fault_in_unrecorded_op("size", d) for d in splits)
     for bug in ("skip", "dtype", "exit", "group_order"):
         assert not fault_in_unrecorded_op(bug, generate(20261214, 2, bug).truth.detail)
+
+
+def test_resume_runs_only_the_programs_a_stopped_run_lacks(tmp_path: Path, monkeypatch, capsys) -> None:
+    """--resume keeps the scored rows of results.jsonl and runs only the programs it lacks."""
+    import json
+    import random_programs as rp
+
+    def row(index: int, bug: str) -> dict:
+        t = generate(5, index, bug).truth
+        scored = {"root": True, "cause": True, "right": True, "line": None, "na": True, "kind": "", "ranks": [],
+                  "verdict": ""}
+        return {"name": t.name, "bug": bug, "silent": False, "healthy_job_failed": False, "miss": False,
+                "detail": t.detail, "world": t.world, "took_s": 1.0, "culprits": t.culprits,
+                **{s: dict(scored) for s in rp.SOURCES}}
+
+    ran: list[int] = []
+    monkeypatch.setattr(rp, "run_one", lambda ns, out, work, index, bug: ran.append(index) or row(index, bug))
+    bugs = rp.plan(5, 2, 1, [])
+    (tmp_path / "results.jsonl").write_text("".join(json.dumps(row(i, b)) + "\n" for i, b in enumerate(bugs[:2])))
+    assert rp.main(["--seed", "5", "--count", "2", "--healthy", "1", "--out", str(tmp_path), "--resume"]) == 0
+    assert ran == [2], ran
+    assert len((tmp_path / "results.jsonl").read_text().splitlines()) == 3
+    assert "seed 5: 3 programs" in capsys.readouterr().out
