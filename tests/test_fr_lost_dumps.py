@@ -95,8 +95,8 @@ def test_a_run_of_one_call_says_nothing_about_its_length_when_the_partner_left_n
     assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("dead_rank", [0]), a.verdict
     tok = {c: f"{op}\x1fg\x1f{c}" for c, op in (("40", "barrier"), ("79", "all_reduce"))}
     b, ar = tok["40"], tok["79"]
-    assert run_extrapolated([b, ar, ar, ar, ar], "all_reduce", "79")
+    assert run_extrapolated([b, ar, ar, ar, ar], ar)
     # an earlier, longer run of it does say the run goes on (a skipped fifth all_reduce)
-    assert not run_extrapolated([b, ar, ar, ar, ar, ar, b, ar, ar, ar, ar], "all_reduce", "79")
+    assert not run_extrapolated([b, ar, ar, ar, ar, ar, b, ar, ar, ar, ar], ar)
     # ... and a prediction of another call than the run's is not a run's extrapolation
-    assert not run_extrapolated([b, ar, ar, ar, ar], "barrier", "40")
+    assert not run_extrapolated([b, ar, ar, ar, ar], b)

@@ -268,14 +268,15 @@ def sequence_deviant(coll: pd.DataFrame, rows: pd.DataFrame, group: str,
     call where `alone` (the other members left no record at all: stopped._lone_records)."""
     if len(rows) < (1 if alone else 2):
         return None
-    off, fit = [], 0
+    off, fit, said = [], 0, ([], "")         # said: the deviant's own tokens and the call they predicted
     for row in rows.itertuples(index=False):
         mine = coll[(coll["rank"] == row.rank).to_numpy() & (coll["process_group"] == group).to_numpy()
                     & (coll["collective_seq_id"] < row.collective_seq_id).to_numpy()]
         mine = mine.sort_values("collective_seq_id", kind="stable")
         if len(mine) > MAX_SEQUENCE:
             mine = mine.iloc[-MAX_SEQUENCE:]
-        pred = predicted_next(_tokens(mine))
+        tokens = _tokens(mine)
+        pred = predicted_next(tokens)
         if pred is None:
             return None
         if pred[0] == _token(row.op_name, row.process_group, row.call_site):
@@ -283,6 +284,7 @@ def sequence_deviant(coll: pd.DataFrame, rows: pd.DataFrame, group: str,
         else:
             op, _, site = pred[0].split("\x1f")
             off.append((int(row.rank), op, site, pred[1]))
+            said = (tokens, pred[0])
     if len(off) != 1 or fit != len(rows) - 1:
         return None
     if alone:
@@ -294,23 +296,20 @@ def sequence_deviant(coll: pd.DataFrame, rows: pd.DataFrame, group: str,
         earlier = coll[(coll["rank"] == row.rank).to_numpy() & (coll["op_id"] < row.op_id).to_numpy()]
         if str(row.call_site) not in set(earlier["call_site"].astype(str)) or _course_elsewhere(coll, row, group):
             return None
-        mine = coll[(coll["rank"] == row.rank).to_numpy() & (coll["process_group"] == group).to_numpy()
-                    & (coll["collective_seq_id"] < row.collective_seq_id).to_numpy()]
-        if run_extrapolated(_tokens(mine.sort_values("collective_seq_id", kind="stable").iloc[-MAX_SEQUENCE:]),
-                            off[0][1], off[0][2]):
+        if run_extrapolated(*said):
             return None
     return off[0]
 
 
-def run_extrapolated(tokens: list[str], op: str, site: str) -> bool:
+def run_extrapolated(tokens: list[str], predicted: str) -> bool:
     """Does the prediction only say that a run of one call goes on? Its trailing run of identical calls
     (an inner loop: one all_reduce per parameter) predicts one more of the same, but no earlier run of that
     call was longer, so nothing the rank did before says how long the run is: the call after it may be the
     loop's next statement as well as a departure (seed 20261214 #313: a barrier, then four per-parameter
     all_reduces, then the next iteration's barrier, the partner's record lost)."""
-    if not tokens or tokens[-1].split("\x1f")[0::2] != [op, site]:
+    if not tokens or tokens[-1] != predicted:
         return False
-    last, n = tokens[-1], len(tokens)
+    last, n = predicted, len(tokens)
     trail = n - next((i + 1 for i in range(n - 1, -1, -1) if tokens[i] != last), 0)
     longest, cur = 0, 0
     for t in tokens[:n - trail]:

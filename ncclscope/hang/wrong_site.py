@@ -65,9 +65,13 @@ def find_wrong_group_by_site(source: IndexLike, max_findings: int = 16) -> list[
         ms = ix.max_seq
         mine = ms[(ms["process_group"] == g) & (ms["rank"] == r.rank)]["max_seq"]
         k = int(mine.iloc[0]) + 1 if len(mine) else 1
-        if not len(peers) and not _alone_and_awaited(coll, r, g, k):
+        waiting = _waiting(coll, g, k, int(r.rank))
+        # no peer paired the call (its partner had gone on past that call site on its own group: seed 20261214
+        # #327), so nothing crossed; it still went to the wrong group where the rank waits in it alone and
+        # members of its own group of the site's kind wait in the very instance it never entered
+        if not len(peers) and (str(r.status) == "ok" or not len(waiting)):
             continue
-        findings.append(_site_finding(ix, r, g, k, peers))
+        findings.append(_site_finding(ix, r, g, k, peers, waiting))
         if len(findings) >= max_findings:
             break
     return findings
@@ -84,16 +88,10 @@ def site_kind_of(name: str, kinds: dict[str, str]) -> str:
     return kind
 
 
-def _alone_and_awaited(coll: pd.DataFrame, r, g: str, k: int) -> bool:
-    """No peer paired the call (no other member recorded that instance of h: seed 20261214 #327, its partner
-    had gone on past the call site it used on its own group), so nothing crossed; the call still went to the
-    wrong group where the rank is waiting in it alone, and members of its own group of the site's kind wait
-    in the very instance it never entered."""
-    if str(r.status) == "ok":
-        return False
-    waiting = coll[(coll["process_group"] == g).to_numpy() & (coll["collective_seq_id"] == k).to_numpy()
-                   & (coll["rank"] != r.rank).to_numpy() & (coll["status"].astype(str) != "ok").to_numpy()]
-    return bool(len(waiting))
+def _waiting(coll: pd.DataFrame, g: str, k: int, rank: int) -> pd.DataFrame:
+    """The other members' unfinished records of instance #k of group g, by rank."""
+    return coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k) & (coll["rank"] != rank)
+                & (coll["status"].astype(str) != "ok")].sort_values("rank")
 
 
 def _any_site_crossing(coll: pd.DataFrame, kinds: dict[str, str]) -> bool:
@@ -132,11 +130,9 @@ def _any_site_crossing(coll: pd.DataFrame, kinds: dict[str, str]) -> bool:
     return bool(((sk >= 0) & (sk != row_kind[keep])).any())
 
 
-def _site_finding(ix: TraceIndex, r, g: str, k: int, peers: pd.DataFrame) -> Finding:
-    trace, coll = ix.trace, ix.coll
+def _site_finding(ix: TraceIndex, r, g: str, k: int, peers: pd.DataFrame, waiting: pd.DataFrame) -> Finding:
+    trace = ix.trace
     h, b, site = str(r.process_group), int(r.rank), str(r.call_site)
-    waiting = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k) & (coll["rank"] != b)
-                   & (coll["status"].astype(str) != "ok")].sort_values("rank")
     peer_sites = ", ".join(sorted(set(peers["call_site"].astype(str))))
     entered = f"which its peers entered from {peer_sites}" if len(peers) else "which no other member entered"
     title = (f"{rank_label(trace, [b])} called {r.op_name} on {ix.label(h)} instead of {ix.label(g)} at {site} "
