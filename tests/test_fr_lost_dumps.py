@@ -100,3 +100,14 @@ def test_a_run_of_one_call_says_nothing_about_its_length_when_the_partner_left_n
     assert not run_extrapolated([b, ar, ar, ar, ar, ar, b, ar, ar, ar, ar], ar)
     # ... and a prediction of another call than the run's is not a run's extrapolation
     assert not run_extrapolated([b, ar, ar, ar, ar], b)
+
+
+def test_the_second_broadcast_of_one_broadcast_object_list_is_not_a_deviation_from_the_first(tmp_path) -> None:
+    """Seed 20261216 #1: 4 ranks; rank 3 calls os._exit in step 1, no dump. Rank 1, its partner in group
+    {1,3}, made one broadcast_object_list there (line 70): the objects' sizes (int64, 2 elements), then their
+    bytes (uint8, 47). Its partner dead, one earlier call from the very line was history enough, and the bytes
+    read as a deviation from the sizes: MISMATCH on rank 1. They are two halves of one call; no earlier call
+    of that line says what its second half should be. The dead rank is all the dumps show."""
+    a = run(load_flight_recorder(timed_dumps("rp20261216_001_exit_fr", tmp_path)))
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("dead_rank", [3]), a.verdict
+    assert not any(f.kind == "collective_mismatch" and f.severity == "error" for f in a.findings), a.verdict

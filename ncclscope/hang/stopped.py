@@ -37,6 +37,7 @@ from ncclscope.hang.group_order import in_group_creation
 from ncclscope.hang.dump_idle import PACE_FACTOR, PACE_MIN_OPS, ended_early, idle_before_dump, p2p_unrecorded
 from ncclscope.hang.loop_order import sequence_deviant
 from ncclscope.hang.outlived import outlived_roots
+from ncclscope.hang.site_visits import same_call_history
 from ncclscope.hang.wording import duration
 
 HISTORY_MIN = 2                 # earlier calls that must agree before a rank's history counts
@@ -246,6 +247,7 @@ def _history_value(coll: pd.DataFrame, row, cat: str, least: int = HISTORY_MIN) 
     h = coll[(coll["rank"] == row.rank) & (coll["process_group"] == row.process_group)
              & (coll["collective_seq_id"] < row.collective_seq_id) & (coll["status"].astype(str) == S.STATUS_OK)]
     same = h[h["call_site"] == row.call_site] if str(row.call_site) else h.iloc[0:0]
+    same = same_call_history(coll, row, same)      # a line that issues several calls: the same one before
     site = str(row.call_site) if len(same) >= least else ""
     h = same if site else h
     if len(h) < least:
