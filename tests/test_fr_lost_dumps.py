@@ -111,3 +111,16 @@ def test_the_second_broadcast_of_one_broadcast_object_list_is_not_a_deviation_fr
     a = run(load_flight_recorder(timed_dumps("rp20261216_001_exit_fr", tmp_path)))
     assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("dead_rank", [3]), a.verdict
     assert not any(f.kind == "collective_mismatch" and f.severity == "error" for f in a.findings), a.verdict
+
+
+def test_a_mesh_dimension_whose_groups_hold_more_ranks_than_dumped_brings_back_the_highest(tmp_path) -> None:
+    """Seed 20261216 #28: 4 ranks on a (2, 2) mesh, rank 3 builds its groups in another order and dies
+    (SIGABRT), no dump; the highest rank, so the dumps end at rank 2 and nothing counted it. Rank 1 waited in
+    its first all_gather on group 2, which no other dump used, and gloo's inferred completion (a collective
+    every member entered is done) called it done: OK on a job that died. Groups 1 {0,2} and 2 {1} were
+    created one after the other, both of width 2 by their shapes, with no rank in common: a mesh dimension of
+    4 ranks. Rank 3 is back, and the rank everyone waits on."""
+    trace = load_flight_recorder(timed_dumps("rp20261216_028_group_order_fr", tmp_path))
+    assert trace.world_size == 4 and any("a mesh dimension" in w for w in trace.warnings), trace.warnings
+    a = run(trace)
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("dead_rank", [3]), a.verdict

@@ -59,7 +59,7 @@ from ncclscope.load.foreign.fr_memory import slim_tables
 from ncclscope.load.foreign.fr_read import (SNIFF_BYTES, SUPPORTED_MAJOR, DumpBuffer, call_site, dump_files, format_stack,
                                             rank_from_name, read_dump, sniff)
 from ncclscope.load.foreign.vocab import coded, events_table, parse_ranks
-from ncclscope.load.foreign.fr_world import group_floors, group_widths, world_from_shapes
+from ncclscope.load.foreign.fr_world import family_floor, group_floors, group_widths, world_from_shapes
 from ncclscope.ranklists import fmt_ranks
 
 __all__ = ["load_flight_recorder", "sniff", "rank_from_name", "dump_files", "read_dump", "call_site", "format_stack",
@@ -189,6 +189,12 @@ def _read(root: Path, world_size: int | None, engine: Any = None) -> _Read:
                             f"end at rank {world - 1}, so rank(s) {fmt_ranks(list(range(world, implied)))} "
                             "left no dump")
             world = implied
+        mesh = family_floor(ents, widths)
+        if mesh > world:      # a mesh dimension's groups hold that many distinct ranks (fr_world.family_floor)
+            warnings.append(f"consecutively created groups of one size with no rank in common (a mesh dimension) "
+                            f"hold at least {mesh} ranks; the dumps end at rank {world - 1}, so rank(s) "
+                            f"{fmt_ranks(list(range(world, mesh)))} left no dump")
+            world = mesh
         floor = max([*widths.values(), *group_floors(ents).values(), 0])
         if floor > world:     # no group is larger than the world: ranks up to floor - 1 exist
             warnings.append(f"a group's all_gather or all_to_all shapes say it has at least {floor} members; the "

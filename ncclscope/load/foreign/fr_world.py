@@ -14,6 +14,12 @@ default_pg) count, every distinct (op, input, output) once, and the answer must 
 A lower bound says less but is as sure (`group_floors`): an all_to_all_single that received another
 number of rows than it sent had at least one other member (a group of one sends itself what it receives),
 and no group is larger than the world, so the world has at least 2 ranks, and rank 1 is one of them.
+
+A mesh says it too (`family_floor`): torch names groups by creation ("1", "2", ...), and a mesh's dimension is
+created as one run of groups of one size that share no rank. A run of consecutively created groups of one
+width W (by their shapes) whose users share no rank is such a dimension: its k groups hold k x W distinct
+ranks, whoever dumped (seed 20261216 #28: groups 1 {0,2} and 2 {1}, both of width 2, on a world read as 3
+ranks: rank 3, the highest, died without a dump, and rank 1 waiting on it read OK).
 """
 from __future__ import annotations
 
@@ -90,6 +96,30 @@ def group_floors(ents: Entries) -> dict[str, int]:
         if inp and res and len(inp) == 1 and len(res) == 1 and inp[0] and res[0] and inp[0][0] != res[0][0]:
             out[str(ents.pg_names[pg])] = 2
     return out
+
+
+def family_floor(ents: Entries, widths: dict[str, int]) -> int:
+    """The most ranks one mesh dimension's groups imply (module docstring): over every run of two or more
+    consecutively created groups ("1", "2", ...; not the default group "0") of one width in `widths` whose
+    users are disjoint, the run's length x that width; 0 where there is none."""
+    if not widths or not getattr(ents, "n", 0):
+        return 0
+    users: dict[str, set[int]] = {}
+    for pg, r in set(zip(ents.pg_code.tolist(), ents.rank.tolist())):
+        users.setdefault(str(ents.pg_names[pg]), set()).add(int(r))
+    named = sorted((int(n), n) for n in widths if n.isdigit() and n != "0" and n in users)
+    best, run, taken, prev, width = 0, 0, set(), -2, 0
+    for num, name in named:
+        w, u = widths[name], users[name]
+        if num == prev + 1 and w == width and not u & taken and run:
+            run += 1
+            taken |= u
+        else:
+            run, taken, width = 1, set(u), w
+        prev = num
+        if run >= 2 and len(u) <= w:
+            best = max(best, run * width)
+    return best
 
 
 def world_from_shapes(ents: Entries, widths: dict[str, int]) -> int | None:
