@@ -34,6 +34,7 @@ from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, FindingKind
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label
 from ncclscope.hang.group_order import in_group_creation
+from ncclscope.hang.behind import left_behind
 from ncclscope.hang.dump_idle import PACE_FACTOR, PACE_MIN_OPS, ended_early, idle_before_dump, p2p_unrecorded
 from ncclscope.hang.loop_order import sequence_deviant
 from ncclscope.hang.outlived import outlived_roots
@@ -105,7 +106,7 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
     idle = None if unused else idle_before_dump(ix, present)
     if not unused and (idle is None or not idle["idle"].any()):
         return []
-    stopped, others, went = list(present), [], ""
+    stopped, others, went, later_stop = list(present), [], "", ""
     if idle is not None and not idle["idle"].all():
         # some ranks sat idle past their timeout while the others went on: the others' last ops must all
         # come after the stopped ranks' (they passed where the stopped ones stopped), else nothing is said
@@ -115,6 +116,13 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         if int(idle.loc[others, "t"].min()) <= t_stop:
             early = ended_early(ix, idle, _last_ops(ix, present))
             return [early] if early is not None else []
+    elif idle is not None:
+        # every rank idle: those the others went past stopped first (behind.left_behind)
+        stopped, others = left_behind(coll, present)
+        stopped = stopped or list(present)
+        later_stop = " and stopped there later (nothing in flight either)" if others else ""
+    if others:
+        t_stop = int(idle.loc[stopped, "t"].max())
         later = coll[coll["rank"].isin(others).to_numpy() & (coll["start_ns"] > t_stop).to_numpy()]
         gs = sorted(set(later["process_group"].astype(str)), key=lambda n: (len(n), n))
         went = ", ".join(gs[:6]) + (f" and {len(gs) - 6} more" if len(gs) > 6 else "")
@@ -122,7 +130,7 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
     example = _where_else(ix, stopped)
     if others:
         head = (f"{rank_label(trace, stopped)} stopped after {where}, no collective in flight, while "
-                f"{rank_label(trace, others)} went on to collectives on {went}: the stopped ranks hung or died "
+                f"{rank_label(trace, others)} went on to collectives on {went}{later_stop}: the stopped ranks hung or died "
                 f"outside collectives, {example}")
     else:
         head = (f"all ranks stopped after {where}, no collective in flight: the job hung or died outside "
@@ -206,8 +214,11 @@ def _stopped_evidence(coll: pd.DataFrame, stopped: list[int], others: list[int],
     if others:
         on = coll[coll["rank"].isin(others).to_numpy()].sort_values(["rank", "start_ns"])
         for r in on.drop_duplicates("rank", keep="last").head(8).itertuples(index=False):
+            sat = idle is not None and bool(idle.at[int(r.rank), "idle"])
+            then = (f"stopped there too, its dump came {duration(int(idle.at[int(r.rank), 'gap']))} later" if sat
+                    else "dumped right after it")
             ev.append(Evidence(rank=int(r.rank), note=f"went on: last op {r.op_name} #{int(r.collective_seq_id)} "
-                                                      f"on {r.process_group}: {r.status}, dumped right after it",
+                                                      f"on {r.process_group}: {r.status}, {then}",
                                op_name=str(r.op_name), process_group=str(r.process_group),
                                seq=int(r.collective_seq_id), op_id=int(r.op_id), time_ns=int(r.start_ns)))
     return ev
