@@ -104,20 +104,25 @@ def family_floor(ents: Entries, widths: dict[str, int]) -> int:
     users are disjoint, the run's length x that width; 0 where there is none."""
     if not widths or not getattr(ents, "n", 0):
         return 0
+    ranks = np.asarray(ents.rank, dtype=np.int64)
+    span = int(ranks.max()) + 1 if len(ranks) else 1
+    pairs = np.unique(np.asarray(ents.pg_code, dtype=np.int64) * span + ranks)   # one (group, rank) per use
     users: dict[str, set[int]] = {}
-    for pg, r in set(zip(ents.pg_code.tolist(), ents.rank.tolist())):
+    for pg, r in zip((pairs // span).tolist(), (pairs % span).tolist()):
         users.setdefault(str(ents.pg_names[pg]), set()).add(int(r))
     named = sorted((int(n), n) for n in widths if n.isdigit() and n != "0" and n in users)
     best, run, taken, prev, width = 0, 0, set(), -2, 0
     for num, name in named:
         w, u = widths[name], users[name]
-        if num == prev + 1 and w == width and not u & taken and run:
+        if len(u) > w:                      # more users than its shapes allow: no mesh to read
+            run, taken = 0, set()
+        elif run and num == prev + 1 and w == width and not u & taken:
             run += 1
             taken |= u
         else:
             run, taken, width = 1, set(u), w
         prev = num
-        if run >= 2 and len(u) <= w:
+        if run >= 2:
             best = max(best, run * width)
     return best
 
