@@ -106,26 +106,10 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
     idle = None if unused else idle_before_dump(ix, present)
     if not unused and (idle is None or not idle["idle"].any()):
         return []
-    stopped, others, went, later_stop = list(present), [], "", ""
-    if idle is not None and not idle["idle"].all():
-        # some ranks sat idle past their timeout while the others went on: the others' last ops must all
-        # come after the stopped ranks' (they passed where the stopped ones stopped), else nothing is said
-        stopped = sorted(int(r) for r in idle.index[idle["idle"]])
-        others = sorted(int(r) for r in idle.index[~idle["idle"]])
-        t_stop = int(idle.loc[stopped, "t"].max())
-        if int(idle.loc[others, "t"].min()) <= t_stop:
-            early = ended_early(ix, idle, _last_ops(ix, present))
-            return [early] if early is not None else []
-    elif idle is not None:
-        # every rank idle: those the others went past stopped first (behind.left_behind)
-        stopped, others = left_behind(coll, present)
-        stopped = stopped or list(present)
-        later_stop = " and stopped there later (nothing in flight either)" if others else ""
-    if others:
-        t_stop = int(idle.loc[stopped, "t"].max())
-        later = coll[coll["rank"].isin(others).to_numpy() & (coll["start_ns"] > t_stop).to_numpy()]
-        gs = sorted(set(later["process_group"].astype(str)), key=lambda n: (len(n), n))
-        went = ", ".join(gs[:6]) + (f" and {len(gs) - 6} more" if len(gs) > 6 else "")
+    split = _split(ix, idle, present)
+    if isinstance(split, list):
+        return split
+    stopped, others, went, later_stop = split
     where = _last_ops(ix, stopped)
     example = _where_else(ix, stopped)
     if others:
@@ -160,6 +144,34 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         data["went_on"] = others
     return [Finding(kind="no_op_in_flight", severity="error", title=title, ranks=sorted(int(r) for r in stopped),
                     evidence=ev[:60], involved=sorted(int(r) for r in present), data=data)]
+
+
+def _split(ix: Any, idle: pd.DataFrame | None, present: list[int]
+           ) -> "tuple[list[int], list[int], str, str] | list[Finding]":
+    """(ranks that stopped, ranks that went on, the groups they went on to, how the latter ended) for
+    `stopped_roots`, or its answer outright (`ended_early`'s finding, or nothing) where the split says so."""
+    coll = ix.coll
+    stopped, others, later_stop = list(present), [], ""
+    if idle is not None and not idle["idle"].all():
+        # some ranks sat idle past their timeout while the others went on: the others' last ops must all
+        # come after the stopped ranks' (they passed where the stopped ones stopped), else nothing is said
+        stopped = sorted(int(r) for r in idle.index[idle["idle"]])
+        others = sorted(int(r) for r in idle.index[~idle["idle"]])
+        if int(idle.loc[others, "t"].min()) <= int(idle.loc[stopped, "t"].max()):
+            early = ended_early(ix, idle, _last_ops(ix, present))
+            return [early] if early is not None else []
+    elif idle is not None:
+        # every rank idle: those the others went past stopped first (behind.left_behind)
+        stopped, others = left_behind(coll, present)
+        stopped = stopped or list(present)
+        later_stop = " and stopped there later (nothing in flight either)" if others else ""
+    if not others:
+        return stopped, others, "", later_stop
+    t_stop = int(idle.loc[stopped, "t"].max()) if idle is not None else 0
+    later = coll[coll["rank"].isin(others).to_numpy() & (coll["start_ns"] > t_stop).to_numpy()]
+    gs = sorted(set(later["process_group"].astype(str)), key=lambda n: (len(n), n))
+    went = ", ".join(gs[:6]) + (f" and {len(gs) - 6} more" if len(gs) > 6 else "")
+    return stopped, others, went, later_stop
 
 
 def _where_else(ix: Any, stopped: list[int]) -> str:
