@@ -265,7 +265,7 @@ def sequence_deviant(coll: pd.DataFrame, rows: pd.DataFrame, group: str,
     """Of the members' calls `rows` (one instance of `group`), the one rank whose call is not what its own
     earlier calls on the group predict there (predicted_next) while every other member's call is:
     (rank, the predicted op, its call site, how many earlier occurrences say so). None otherwise. A single
-    call where `alone` (the other members left no record at all: stopped._lone_records)."""
+    call where `alone` (the other members left no record at all: history_ties._lone_records)."""
     if len(rows) < (1 if alone else 2):
         return None
     off, fit, said = [], 0, ([], "")         # said: the deviant's own tokens and the call they predicted
