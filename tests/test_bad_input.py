@@ -483,3 +483,23 @@ def test_exit_codes_are_documented():
         assert f"\n    {code}" in doc
     guide = (ROOT / "docs" / "guide" / "analyze.md").read_text()
     assert "Exit codes" in guide and "| 3 |" in guide
+
+
+def test_a_rank_json_two_writes_left_over_each_other_is_read_up_to_its_first_object(tmp_path, capsys):
+    """Seed 20261217 #78: two writes of rank 0's rank.json over each other left the later, shorter document
+    whole and the tail of the earlier one after it ("extra data at character 1923"); the whole file was
+    ignored, the rank's Flight Recorder group names with it, and the verdict named rank 0 (a victim) instead of
+    rank 1 (os._exit). The object is what the rank last wrote: it is read, with one warning."""
+    d = copy_sample(tmp_path)
+    path = d / "rank-00000" / "rank.json"
+    whole = path.read_text()
+    path.write_text(whole + whole[-40:])
+    before = snapshot(d)
+    rc, out, err = run(capsys, "analyze", str(d))
+    assert rc == 0 and out.startswith("OK"), out
+    assert "rank.json: a complete JSON object, then 40 characters of something else" in err, err
+    assert "unreadable JSON" not in err, err
+    assert snapshot(d) == before
+    path.write_text(whole[:-40])                 # cut short: no object to read, ignored as before
+    rc, out, err = run(capsys, "analyze", str(d))
+    assert "rank.json: unreadable JSON" in err and "ignored" in err, err

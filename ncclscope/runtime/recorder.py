@@ -158,6 +158,7 @@ class Recorder:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._io_lock = threading.Lock()
+        self._write_ids = itertools.count()   # one temporary file per metadata write (_atomic_write)
         self._closed = False
         self.write_meta()
         # SIGUSR1 dumps every thread's stack: the launcher asks for it before it
@@ -282,9 +283,17 @@ class Recorder:
         self._atomic_write(S.RANK_JSON, json.dumps(self.meta, indent=1, default=str))
 
     def _atomic_write(self, name: str, text: str) -> None:
-        tmp = self.dir / (name + ".tmp")
-        tmp.write_text(text)
-        os.replace(tmp, self.dir / name)
+        """`name` replaced by `text` in one rename. Each write has a temporary file of its own: two writers at
+        once (a signal's end record interrupting the script's own, the sampler's thread) sharing one name
+        wrote one document over the other's open file, and rank.json ended with the tail of the longer one
+        (seed 20261217 #78: "extra data at character 1923"; the rank's group names went with it)."""
+        tmp = self.dir / f"{name}.{os.getpid()}.{threading.get_ident()}.{next(self._write_ids)}.tmp"
+        try:
+            tmp.write_text(text)
+            os.replace(tmp, self.dir / name)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
 
     def dump_stacks(self, reason: str) -> None:
         """Append every thread's Python stack to stacks.txt (used on timeout)."""
