@@ -141,8 +141,12 @@ def held_by(coll: pd.DataFrame, inst: pd.DataFrame) -> pd.DataFrame:
 
 
 def _gap_lateness(gap: np.ndarray, seg: np.ndarray, first: np.ndarray, n: np.ndarray) -> np.ndarray:
-    """Each member's gap minus the smallest gap among the instance's other members (+inf where unknown:
-    then the arrival lateness alone counts)."""
+    """Each member's gap minus the smallest gap among the instance's other members, and never more than its
+    own gap (+inf where its gap is unknown: then the arrival lateness alone counts). A rank cannot be late
+    by its own doing for longer than it was out of communication: where the others' gaps are unknown, or
+    negative (an op nested in another, the broadcasts inside a broadcast_object_list, starts before the
+    outer one ends), its own gap bounds it (seed 20261217 #147: rank 2, posting each send as soon as its
+    recv from the slow rank's side ended, read as late as the slow rank itself every step)."""
     g = np.where(np.isnan(gap), np.inf, gap)
     order = np.lexsort((g, seg))
     gs = g[order]
@@ -153,7 +157,8 @@ def _gap_lateness(gap: np.ndarray, seg: np.ndarray, first: np.ndarray, n: np.nda
     ref = np.where(rank_in == 0, lo2[seg], lo1[seg])
     with np.errstate(invalid="ignore"):            # inf - inf: neither gap known
         out = g - ref
-    return np.where(np.isfinite(out) & (n >= 2), out, np.inf)
+    own = np.where(np.isfinite(g), np.maximum(g, 0.0), np.inf)
+    return np.where(n >= 2, np.minimum(np.where(np.isfinite(out), out, np.inf), own), np.inf)
 
 
 def loop_steps(ops: pd.DataFrame, coll: pd.DataFrame, inst: pd.DataFrame
