@@ -275,6 +275,29 @@ def read_json(path: str | os.PathLike[str], limit: int = JSON_LIMIT) -> Any:
     return loads(read_bytes(path, limit), path)
 
 
+_EXTRA = re.compile(r"unreadable JSON \(extra data at character (\d+)\)")
+
+
+def first_object(path: str | os.PathLike[str], error: str, limit: int = JSON_LIMIT) -> tuple[dict, str] | None:
+    """(the JSON object a file starts with, a warning line that says so) where `error` (read_json's) says
+    a complete value ended before the file did; else None. Two writes of one file over each other leave the
+    later, shorter document whole at the start and the tail of the earlier one after it (seed 20261217 #78,
+    before the recorder wrote each document through a file of its own): the object is what was last written."""
+    m = _EXTRA.search(error)
+    if m is None:
+        return None
+    try:
+        text = read_bytes(path, limit).decode("utf-8", errors="replace")
+        end = int(m.group(1))
+        data = loads(text[:end], path)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return data, (f"{path}: a complete JSON object, then {len(text) - end} characters of something else (two "
+                  "writes over each other?); read the object, ignored the rest")
+
+
 # --------------------------------------------------------------------------
 # numbers
 # --------------------------------------------------------------------------

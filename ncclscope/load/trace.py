@@ -16,7 +16,6 @@ Tables (pandas, one row per record, all ranks concatenated):
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -149,10 +148,8 @@ def _read_json(path: Path | str, warnings: list[str], root: Path | None = None) 
     try:
         data = safe_io.read_json(path)
     except safe_io.InputError as exc:
-        data = _first_object(path, str(exc), warnings)
-        if data is None:
-            warnings.append(f"{exc}; ignored")
-            return {}
+        data, line = safe_io.first_object(path, str(exc)) or ({}, f"{exc}; ignored")
+        warnings.append(line)
     if not isinstance(data, dict):
         warnings.append(f"{path}: expected a JSON object, got {type(data).__name__}; ignored")
         return {}
@@ -162,31 +159,6 @@ def _read_json(path: Path | str, warnings: list[str], root: Path | None = None) 
             p = Path(path)
             root = p.parent if name == S.RUN_JSON else p.parent.parent
         _bound_world(data, root, path, warnings)
-    return data
-
-
-_EXTRA = re.compile(r"unreadable JSON \(extra data at character (\d+)\)")
-
-
-def _first_object(path: Path | str, error: str, warnings: list[str]) -> dict[str, Any] | None:
-    """The complete JSON object a file starts with, where more follows it (`error` says where it ends), with
-    one warning; else None. Two writes of one file over each other leave the later, shorter document whole
-    at the start and the tail of the earlier one after it (seed 20261217 #78, before the recorder wrote each
-    document through a file of its own): the object is what the rank last wrote, the rest is not."""
-    from ncclscope.load import safe_io
-    m = _EXTRA.search(error)
-    if m is None:
-        return None
-    try:
-        text = safe_io.read_bytes(path, safe_io.JSON_LIMIT).decode("utf-8", errors="replace")
-        end = int(m.group(1))
-        data = safe_io.loads(text[:end], path)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict):
-        return None
-    warnings.append(f"{path}: a complete JSON object, then {len(text) - end} characters of something else (two "
-                    "writes over each other?); read the object, ignored the rest")
     return data
 
 
