@@ -17,7 +17,11 @@ def _ents(uses: dict[str, list[int]]) -> SimpleNamespace:
         for r in uses[n]:
             pg.append(i)
             rank.append(r)
-    return SimpleNamespace(n=len(pg), pg_code=np.array(pg), rank=np.array(rank), pg_names=names)
+    ents = SimpleNamespace(n=len(pg), pg_code=np.array(pg, dtype=np.int64), rank=np.array(rank, dtype=np.int64),
+                           pg_names=names)
+    ents.rank_pg_pairs = lambda: np.unique(ents.rank * len(names) + ents.pg_code, return_index=True,
+                                           return_inverse=True)
+    return ents
 
 
 def test_two_disjoint_groups_of_two_created_in_a_row_hold_four_ranks() -> None:

@@ -44,17 +44,22 @@ def _values(df: pd.DataFrame, cat: str) -> pd.Series:
     return df["input_dtypes"].astype(str)
 
 
-def _history_value(coll: pd.DataFrame, row, cat: str, least: int = HISTORY_MIN) -> tuple[str, int, str] | None:
-    """(the value every earlier completed call of this rank on this group had, how many), from the
-    same call site where the rank has at least `least` calls there, else from all its calls on the group."""
+def _history(coll: pd.DataFrame, row, least: int = HISTORY_MIN) -> tuple[pd.DataFrame, str] | None:
+    """(every earlier completed call of this rank on this group that is its history, the call site it is
+    from): the same call of the same site where the rank has at least `least` calls there (site_visits.py),
+    else all its calls on the group ("" for the site); None with fewer than `least`."""
     h = coll[(coll["rank"] == row.rank) & (coll["process_group"] == row.process_group)
              & (coll["collective_seq_id"] < row.collective_seq_id) & (coll["status"].astype(str) == S.STATUS_OK)]
     same = h[h["call_site"] == row.call_site] if str(row.call_site) else h.iloc[0:0]
     same = same_call_history(coll, row, same)      # a line that issues several calls: the same one before
     site = str(row.call_site) if len(same) >= least else ""
     h = same if site else h
-    if len(h) < least:
-        return None
+    return (h, site) if len(h) >= least else None
+
+
+def _history_value(history: tuple[pd.DataFrame, str], cat: str) -> tuple[str, int, str] | None:
+    """(the value every call of `history` had in category `cat`, how many, their call site), or None."""
+    h, site = history
     vals = _values(h, cat)
     if vals.nunique() != 1 or (cat != "type" and (vals == "").any()):
         return None
@@ -68,11 +73,14 @@ def _deviants(coll: pd.DataFrame, rows: pd.DataFrame, same_site: bool = False,
     earlier calls make a history)."""
     out: dict[int, list[tuple[str, str, str, int, str]]] = {}
     for row in rows.itertuples(index=False):
+        history = _history(coll, row, least)       # once per row: every category reads the same calls
+        if history is None or (same_site and not history[1]):
+            continue
         for cat in _CATEGORIES:
             if cat == "size" and str(row.input_sizes) == "":
                 continue
-            hv = _history_value(coll, row, cat, least)
-            if hv is None or (same_site and not hv[2]):
+            hv = _history_value(history, cat)
+            if hv is None:
                 continue
             val = str(_values(pd.DataFrame([row._asdict()]), cat).iloc[0])
             if val != hv[0]:

@@ -148,7 +148,7 @@ def _split(ix: Any, idle: pd.DataFrame | None, present: list[int]
         later_stop = " and stopped there later (nothing in flight either)" if others else ""
     if not others:
         return stopped, others, "", later_stop
-    t_stop = int(idle.loc[stopped, "t"].max()) if idle is not None else 0
+    t_stop = int(idle.loc[stopped, "t"].max())          # others come only from `idle`
     later = coll[coll["rank"].isin(others).to_numpy() & (coll["start_ns"] > t_stop).to_numpy()]
     gs = sorted(set(later["process_group"].astype(str)), key=lambda n: (len(n), n))
     went = ", ".join(gs[:6]) + (f" and {len(gs) - 6} more" if len(gs) > 6 else "")

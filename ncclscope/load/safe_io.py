@@ -275,22 +275,16 @@ def read_json(path: str | os.PathLike[str], limit: int = JSON_LIMIT) -> Any:
     return loads(read_bytes(path, limit), path)
 
 
-_EXTRA = re.compile(r"unreadable JSON \(extra data at character (\d+)\)")
-
-
-def first_object(path: str | os.PathLike[str], error: str, limit: int = JSON_LIMIT) -> tuple[dict, str] | None:
-    """(the JSON object a file starts with, a warning line that says so) where `error` (read_json's) says
-    a complete value ended before the file did; else None. Two writes of one file over each other leave the
-    later, shorter document whole at the start and the tail of the earlier one after it (seed 20261217 #78,
-    before the recorder wrote each document through a file of its own): the object is what was last written."""
-    m = _EXTRA.search(error)
-    if m is None:
-        return None
+def first_object(path: str | os.PathLike[str], limit: int = JSON_LIMIT) -> tuple[dict, str] | None:
+    """(the JSON object a file starts with, a warning line that says so) where more follows that object;
+    else None (read_json's error stands). Two writes of one file over each other leave the later, shorter
+    document whole at the start and the tail of the earlier one after it (seed 20261217 #78, before the
+    recorder wrote each document through a file of its own): the object is what was last written."""
     try:
         text = read_bytes(path, limit).decode("utf-8", errors="replace")
-        end = int(m.group(1))
-        data = loads(text[:end], path)
-    except (OSError, ValueError):
+        _, end = _DECODER.raw_decode(text, _skip_ws(text, 0))      # where the first value ends
+        data = loads(text[:end], path)                             # that value, guarded like any other
+    except (OSError, ValueError, RecursionError):
         return None
     if not isinstance(data, dict):
         return None

@@ -148,7 +148,7 @@ def _read_json(path: Path | str, warnings: list[str], root: Path | None = None) 
     try:
         data = safe_io.read_json(path)
     except safe_io.InputError as exc:
-        data, line = safe_io.first_object(path, str(exc)) or ({}, f"{exc}; ignored")
+        data, line = safe_io.first_object(path) or ({}, f"{exc}; ignored")
         warnings.append(line)
     if not isinstance(data, dict):
         warnings.append(f"{path}: expected a JSON object, got {type(data).__name__}; ignored")

@@ -89,9 +89,7 @@ class FixedUp:
                 widths: dict[str, int]) -> int:
         """groups: once per distinct (rank, pg name). Returns the world, grown by a completed group."""
         n_pg = max(len(ents.pg_names), 1)
-        pair_key = ents.rank * n_pg + ents.pg_code
-        self.pair_uniq, first, self.pair_code = np.unique(pair_key, return_index=True, return_inverse=True)
-        del pair_key
+        self.pair_uniq, first, self.pair_code = ents.rank_pg_pairs()
         self.pair_rank = (self.pair_uniq // n_pg).astype(int).tolist()
         self.pair_pg = [ents.pg_names[i] for i in (self.pair_uniq % n_pg)]
         pair_desc = [ents.descs[i] for i in ents.desc_code[first]]

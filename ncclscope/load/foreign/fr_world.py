@@ -104,11 +104,10 @@ def family_floor(ents: Entries, widths: dict[str, int]) -> int:
     users are disjoint, the run's length x that width; 0 where there is none."""
     if not widths or not getattr(ents, "n", 0):
         return 0
-    ranks = np.asarray(ents.rank, dtype=np.int64)
-    span = int(ranks.max()) + 1 if len(ranks) else 1
-    pairs = np.unique(np.asarray(ents.pg_code, dtype=np.int64) * span + ranks)   # one (group, rank) per use
+    n_pg = max(len(ents.pg_names), 1)
+    pairs = ents.rank_pg_pairs()[0]                 # one (rank, group) per use
     users: dict[str, set[int]] = {}
-    for pg, r in zip((pairs // span).tolist(), (pairs % span).tolist()):
+    for r, pg in zip((pairs // n_pg).tolist(), (pairs % n_pg).tolist()):
         users.setdefault(str(ents.pg_names[pg]), set()).add(int(r))
     named = sorted((int(n), n) for n in widths if n.isdigit() and n != "0" and n in users)
     best, run, taken, prev, width = 0, 0, set(), -2, 0
