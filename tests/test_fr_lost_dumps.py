@@ -124,3 +124,14 @@ def test_a_mesh_dimension_whose_groups_hold_more_ranks_than_dumped_brings_back_t
     assert trace.world_size == 4 and any("a mesh dimension" in w for w in trace.warnings), trace.warnings
     a = run(trace)
     assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("dead_rank", [3]), a.verdict
+
+
+def test_a_rank_that_left_no_dump_is_not_said_to_be_in_no_group(tmp_path) -> None:
+    """Seed 20261217 #209 (unseen): a (cp 2, ep 2) mesh of 4 ranks; rank 3 passes 101 elements to an ep
+    all_reduce, gloo aborts ranks 2 and 3, and neither leaves a dump. The mesh checks then found "cp groups do
+    not cover the world: ranks 2,3 are in no cp group" (and the same for ep): two warnings about ranks whose
+    groups nobody recorded, naming the dead ranks for a reason that is not theirs. Absence of a record is not
+    absence from a group."""
+    a = run(load_flight_recorder(timed_dumps("rp20261217_209_size_fr", tmp_path)))
+    assert a.headline is not None and a.headline.kind == "dead_rank" and a.headline.ranks == [2, 3], a.verdict
+    assert not [f for f in a.findings if f.kind == "group_mismatch"], [f.title for f in a.findings]

@@ -210,7 +210,8 @@ def check_orthogonality(source: IndexLike) -> list[Finding]:
                          "process_group": np.repeat(np.array(names, dtype=object), sizes), "rank": flat})
     long = long[~long["kind"].isin(NOT_ORTHOGONAL_KINDS) & ~long["kind"].str.startswith(INFERRED_PREFIX)]
     findings: list[Finding] = []
-    world = set(range(trace.world_size))
+    # a rank that left no trace or dump says nothing of its groups: "in no group" is only said of ranks seen
+    world = set(trace.present_ranks) or set(range(trace.world_size))
     count = long.groupby(["kind", "dim", "rank"])["process_group"].nunique()
     overl = count[count > 1].reset_index()
     for (kind, dim), sub in overl.groupby(["kind", "dim"], sort=True):
