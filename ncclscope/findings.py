@@ -206,7 +206,9 @@ class WrongCall:
 class Departure:
     """Where an unmatched p2p's absent rank left its own routine (p2p.with_departure): in `step` it
     went to `went_op` at `went_site`, position `position` of the step, instead of the counterpart at
-    `call_site` it posted there the step (or loop iteration: basis LOOP) before."""
+    `call_site` it posted there the step (or loop iteration: basis LOOP) before. `skipped_first`: the
+    collective (op at site) that step posted between the departure and the counterpart and this one never
+    did, where there was one: the first op the rank failed to post, so the departure's first consequence."""
 
     step: int
     call_site: str
@@ -214,10 +216,14 @@ class Departure:
     went_op: str
     position: int
     basis: CauseBasis
+    skipped_first: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "call_site": self.call_site, "went_site": self.went_site,
-                "went_op": self.went_op, "position": self.position, "basis": self.basis.value}
+        out = {"step": self.step, "call_site": self.call_site, "went_site": self.went_site,
+               "went_op": self.went_op, "position": self.position, "basis": self.basis.value}
+        if self.skipped_first:
+            out["skipped_first"] = self.skipped_first
+        return out
 
 
 @dataclass(frozen=True)

@@ -217,9 +217,10 @@ def _routine_departure(ix: TraceIndex, f: Finding) -> Finding:
     i = next((j for j, (a, b) in enumerate(zip(got, ref)) if not _same(a, b)), -1)
     if i < 0:
         return f                               # a prefix of its previous step: it is just behind
-    want = next((t for t in ref[i:] if t[1] == other and t[2] == q), None)
-    if want is None:                           # its previous iteration never posted the matching op either
+    w = next((j for j in range(i, len(ref)) if ref[j][1] == other and ref[j][2] == q), -1)
+    if w < 0:                                  # its previous iteration never posted the matching op either
         return f
+    want = ref[w]
     # Where it went must be another call (another site; in a loop, another op or peer at the same site)
     there = got[i][:3] == want[:3] if virtual else got[i][0] == want[0]
     if there or any(t[1] == other and t[2] == q for t in got[i:]):
@@ -239,8 +240,10 @@ def _routine_departure(ix: TraceIndex, f: Finding) -> Finding:
     else:
         title = (f"{rank_label(trace, [r])} skipped the {other} {prep} rank {q} at step {s} ({want[0]}): where its "
                  f"step {s - 1} posted {want[3]} {prep} rank {q}, it went to {went} ({x_site}), so {tail}")
+    skipped = next((f"{t[3]} at {t[0]}" for t in ref[i + 1:w]
+                    if t[2] < 0 and not any(_same(t, g) for g in got[i:])), "")
     dep = Departure(step=s, call_site=want[0], went_site=x_site, went_op=x_op, position=i,
-                    basis=CauseBasis.LOOP if virtual else CauseBasis.STEP)
+                    basis=CauseBasis.LOOP if virtual else CauseBasis.STEP, skipped_first=skipped)
     return replace(f, title=title, data={**d, "call_site": want[0]}, cause=replace(f.cause, departure=dep),
                    involved=sorted({r, q}))
 

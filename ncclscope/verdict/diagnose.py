@@ -175,8 +175,15 @@ def _mismatch_explains(cause: Finding, root: Finding) -> bool:
 
 
 def _p2p_explains(cause: Finding, root: Finding) -> bool:
-    """The absent side skipped it (p2p.with_departure) or changed its tag (p2p_tags.py)."""
+    """The absent side skipped it (p2p.with_departure) or changed its tag (p2p_tags.py). Not a hang of
+    the absent rank itself where, after its departure, it skipped a collective before the counterpart
+    (`Departure.skipped_first`): that collective is the first op it failed to post, and the hang that
+    names it the first deviation (seed 20261217 #67: a rank that left its loop early never posted the
+    loop's all_reduce, then its send; the hang on the all_reduce comes first)."""
     c = cause.cause
+    if (c.departure is not None and c.departure.skipped_first and root.kind == K.HANG
+            and list(root.ranks) == [int(c.absent)]):
+        return False
     return ((c.departure is not None or c.tag_deviant) and root.kind in DEPARTURE_EXPLAINS
             and {int(c.poster), int(c.absent)} <= root.involved_ranks)
 
