@@ -26,7 +26,6 @@ the interpreter's own machinery).
 """
 from __future__ import annotations
 
-import re
 
 import numpy as np
 import pandas as pd
@@ -36,8 +35,7 @@ from ncclscope.index.views import TraceIndex
 from ncclscope.load.fr_merge import INFERRED
 from ncclscope.index.labels import rank_label
 from ncclscope.index.stack_excerpts import user_frame
-
-_TIMEOUT = re.compile(r"timed out|timeout", re.I)
+from ncclscope.hang.wording import timed_out_ranks
 
 
 def find_late_arrivals(ix: TraceIndex) -> list[Finding]:
@@ -46,9 +44,9 @@ def find_late_arrivals(ix: TraceIndex) -> list[Finding]:
     if not len(coll):
         return []
     states = ix.rank_states if ix.rank_states.index.name == "rank" else ix.rank_states.set_index("rank")
-    timed_out_ranks = {int(r) for r, m in zip(states.index, states["end_message"].astype(str)) if _TIMEOUT.search(m)}
+    timed_out = timed_out_ranks(states)
     waiters = coll[(coll["status"].isin(["timeout"]))
-                   | (coll["rank"].isin(timed_out_ranks) & coll["status"].isin(["inflight", "error"]))]
+                   | (coll["rank"].isin(timed_out) & coll["status"].isin(["inflight", "error"]))]
     if not len(waiters):
         return []
     ops = trace.ops

@@ -46,7 +46,7 @@ from ncclscope.hang.same_stop import same_stop, same_stop_finding
 from ncclscope.hang.stalled import stalled_findings
 from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, at_site, edge_desc, last_op_evidence,
                                     last_stack_place, op_desc, op_evidence, payload, since, sort_key,
-                                    waiter_evidence, waiting_summary, wanted_desc)
+                                    timed_out_ranks, waiter_evidence, waiting_summary, wanted_desc)
 
 MAX_ROOTS_PER_ROLE = 4           # more chain ends of one kind are reported as one finding
 MAX_HOPS = 4                     # cycle hops spelled out in a deadlock title
@@ -126,10 +126,25 @@ def _classify(ctx: WaitContext, graph: WaitGraph) -> tuple[list[Finding], list[l
         ordered = findings[:last + 1] + unknown + findings[last + 1:]
     else:
         ordered = sorted(findings + unknown, key=lambda kf: kf[0])
-    out = [f for _, f in ordered]
+    out = timeouts_last(ctx, [f for _, f in ordered])
     named = {r for f in out for r in f.ranks}
     quiet = _unwaited_dead(ctx, named)
     return out + ([quiet] if quiet else []), cycles
+
+
+def timeouts_last(ctx: WaitContext, roots: list[Finding]) -> list[Finding]:
+    """The roots with deaths by timeout after every root that is not a death, the order otherwise kept.
+
+    A rank whose process ended on its own timeout ("Timed out waiting 12000ms for recv") waited that long
+    for something that never came: its death is a consequence of whatever it waited on, however many
+    ranks then wait on it, and it came a timeout after the wait began. A rank that stopped on its own
+    (never posted an op, left its loop, sits in compute) is where waiting began (seed 20261218 #2: rank 5
+    skipped a broadcast_object_list at step 2; rank 4 went on, timed out in the next step's all_reduce and
+    died, and four ranks then waited on the dead rank: DEAD RANK on rank 4, the skip second)."""
+    if all(f.kind == "dead_rank" for f in roots):
+        return roots
+    late = timed_out_ranks(ctx.st)
+    return sorted(roots, key=lambda f: f.kind == "dead_rank" and bool(f.ranks) and set(f.ranks) <= late)
 
 
 def _unwaited_dead(ctx: WaitContext, named: set[int]) -> Finding | None:

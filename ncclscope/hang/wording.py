@@ -16,6 +16,7 @@ directory, a Flight Recorder dump, a profiler trace.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -251,3 +252,13 @@ def wanted_desc(ctx: WaitContext, e: pd.Series) -> str:
     other = "send" if str(e["op_name"]).endswith("recv") else "recv"
     return f"the {other} matching rank {int(e['waiter'])}'s {e['op_name']} #{int(e['seq'])}"
 
+
+TIMED_OUT = re.compile(r"timed out|timeout", re.I)   # an end message of a rank's own timeout (gloo, NCCL watchdog)
+
+
+def timed_out_ranks(states: pd.DataFrame) -> set[int]:
+    """The ranks (rank-indexed `rank_states`) whose process ended on their own timeout: they waited that
+    long for something that never came, so their end is a consequence of what they waited on."""
+    if "end_message" not in states.columns:
+        return set()
+    return {int(r) for r, m in zip(states.index, states["end_message"].astype(str)) if TIMED_OUT.search(m)}
