@@ -135,3 +135,15 @@ def test_a_rank_that_left_no_dump_is_not_said_to_be_in_no_group(tmp_path) -> Non
     a = run(load_flight_recorder(timed_dumps("rp20261217_209_size_fr", tmp_path)))
     assert a.headline is not None and a.headline.kind == "dead_rank" and a.headline.ranks == [2, 3], a.verdict
     assert not [f for f in a.findings if f.kind == "group_mismatch"], [f.title for f in a.findings]
+
+
+def test_a_loop_with_an_irregular_second_iteration_still_says_who_left_it(tmp_path) -> None:
+    """Seed 20261218 #57 (unseen): 4 ranks on an (ep 2, fsdp 2) mesh, DDP on ep; at step 3 rank 1
+    all-reduces on the fsdp slice [2, 3] it is not a member of, which torch makes a no-op, so its fsdp
+    all_reduce (line 67) is missing and it goes on to the next step. Ranks 0 and 1 then wait on each other
+    in a cycle. DDP broadcast its rebuilt bucket order at the start of the second iteration, so no ranks'
+    calls repeated from the start and nobody was found to have left the loop: DEADLOCK on ranks 0-2."""
+    a = run(load_flight_recorder(timed_dumps("rp20261218_057_wrong_group_fr", tmp_path)))
+    h = a.headline
+    assert h is not None and (h.kind, h.ranks) == ("hang", [1]), a.verdict
+    assert "left its loop in iteration 4" in a.verdict and ".py:67" in a.verdict, a.verdict

@@ -19,6 +19,21 @@ def test_period_and_phase_come_from_the_sequence():
     assert virtual_steps(list("abcdefgh")) is None
 
 
+def test_a_loop_whose_second_iteration_made_extra_calls_is_still_a_loop():
+    """DDP broadcasts its rebuilt bucket order at the start of the second iteration: two calls the loop
+    makes once. The repetition from the start breaks there, two calls after one iteration; the one that
+    follows covers most of the sequence and names the break where the rank left it (seed 20261218 #57).
+    The iterations before it are counted by the loop's first call."""
+    seq = ["init", "b", "b"] + ["A", "x", "x", "Y"] + ["c", "c", "A", "x", "x", "Y"] + ["A", "x", "x", "Y"] * 2
+    steps, brk = virtual_steps(seq + ["A", "x", "x", "A", "x"])
+    assert brk == 24 and steps[brk] == 4 and list(steps[:3]) == [-1, -1, -1]
+    assert list(steps[3:9]) == [0] * 6 and list(steps[9:13]) == [1] * 4
+    assert virtual_steps(seq + ["A", "x", "x", "Y"]) is None                      # it never breaks
+    # a late run must cover half of the calls before its break: two repeats after a long irregular prefix
+    # say nothing
+    assert virtual_steps(list("abcdefghijkl") + ["A", "x", "A", "x", "A", "y"]) is None
+
+
 def _loop(skip_at: int | None) -> TraceBuilder:
     """4 ranks, every op in step 0: all_reduce of the gradients (train.py:8, 256 floats) then of a metric
     (train.py:9, 8 floats), 5 times; rank 2 leaves out the first at iteration `skip_at`."""

@@ -43,11 +43,44 @@ def virtual_steps(sites: list[str], min_repeats: int = MIN_REPEATS) -> tuple[np.
             cand = (brk, -p, -o)
             if best is None or cand > best:
                 best = cand
+    late = best is None
+    if late:
+        best = _late_loop(codes, min_repeats)
     if best is None:
         return None
     brk, p, o = best[0], -best[1], -best[2]
     idx = np.arange(n)
-    return np.where(idx >= o, (idx - o) // p, -1), brk
+    steps = np.where(idx >= o, (idx - o) // p, -1)
+    if late:          # the irregular iterations before the run: each began with the loop's first call
+        heads = np.flatnonzero(codes[:o] == codes[o])
+        if len(heads):
+            early = np.cumsum(codes[:o] == codes[o]) - 1
+            steps = np.where(idx >= o, steps + len(heads), -1)
+            steps[heads[0]:o] = early[heads[0]:o]
+    return steps, brk
+
+
+def _late_loop(codes: np.ndarray, min_repeats: int) -> tuple[int, int, int] | None:
+    """`virtual_steps`' (break index, -p, -start) when the repetition starts later than its first period:
+    calls the loop made once, in an early iteration, break the repetition from the start (DDP broadcasts
+    its rebuilt bucket order at the start of the second iteration; seed 20261218 #57). A run of
+    `min_repeats` periods or more that starts anywhere, covers at least half of the calls before its
+    break and breaks within the sequence's last two periods (the loop ran up to where the rank left it,
+    not two calls that happened to repeat early on); the latest break, then the shortest period. Only
+    where no repetition from the start exists, so every sequence `virtual_steps` read before reads the
+    same."""
+    n = len(codes)
+    best: tuple[int, int, int] | None = None
+    for p in range(1, min(MAX_PERIOD, n // min_repeats) + 1):
+        bad = np.flatnonzero(codes[p:] != codes[:-p])     # call i + p does not repeat call i
+        starts = np.r_[0, bad[:-1] + 1]
+        for u, v in zip(starts.tolist(), bad.tolist()):
+            brk = v + p                                   # the periodic calls are [u, brk)
+            if brk - u >= min_repeats * p and 2 * (brk - u) >= brk and n - brk <= 2 * p:
+                cand = (brk, -p, -u)
+                if best is None or cand > best:
+                    best = cand
+    return best
 
 
 def repeats_to_end(sites: list[str], min_repeats: int = MIN_REPEATS) -> bool:
