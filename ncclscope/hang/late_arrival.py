@@ -26,7 +26,6 @@ the interpreter's own machinery).
 """
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 

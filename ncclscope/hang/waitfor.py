@@ -23,7 +23,9 @@ ends; this module names that end:
   collective analysis finds one).
 
 Chains are followed across groups and p2p (a waits on b in dp, b on c via
-p2p, c is dead: the root is c). Rank states come from the index
+p2p, c is dead: the root is c). Roots come most waiters first, a rank that
+left its loop before the idle ranks that may wait on it, and a rank that died
+of its own timeout after every root that is not a death (`timeouts_last`). Rank states come from the index
 (rank_states.py), sentences from wording.py.
 """
 from __future__ import annotations
