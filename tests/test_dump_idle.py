@@ -46,11 +46,24 @@ def test_the_same_dumps_written_right_after_the_last_op_stay_ok(tmp_path) -> Non
 
 
 def test_a_gap_under_the_floor_is_not_idle_however_fast_the_loop(tmp_path) -> None:
-    """0.8 s is 36 times the job's longest interval, but under the 1 s floor: a dump taken that soon after
-    the last op says nothing (exit, interpreter teardown and the dump itself take time)."""
-    d = _dumps("rp20261210_089_uneven_loop_fr", tmp_path, {0: 0.8, 1: 0.05, 2: 0.8, 3: 0.8})
+    """0.4 s is 18 times the job's longest interval, but under the 0.5 s floor: a dump taken that soon after
+    the last op says nothing (exit, interpreter teardown and the dump itself take time; 0.07 s at most over
+    128 healthy random programs)."""
+    d = _dumps("rp20261210_089_uneven_loop_fr", tmp_path, {0: 0.4, 1: 0.05, 2: 0.4, 3: 0.4})
     a = run(load_flight_recorder(d))
     assert a.ok, a.verdict
+
+
+def test_a_rank_the_launcher_stopped_a_second_after_its_peer_left_is_not_a_healthy_end(tmp_path) -> None:
+    """Seed 20261217 #366 (unseen): 2 ranks, rank 0's data shard is one batch short; it leaves its loop
+    after 4 steps and its program ends (exit 0), while rank 1 starts a fifth step with a send/recv to it
+    (gloo records none), fails and is dumped 0.7 s after its last op, when the launcher stopped it. Both
+    dumps hold the same ops. Under the old 1 s floor that gap said nothing: OK on a job that failed. One
+    rank ended, one sat: nothing says which left the program's course, so both are named."""
+    a = run(load_flight_recorder(_dumps("rp20261217_366_uneven_loop_fr", tmp_path)))
+    assert not a.ok, a.verdict
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("no_op_in_flight", [0, 1]), a.verdict
+    assert "rank 1 sat 0.7 s outside any collective" in a.verdict, a.verdict
 
 
 def test_when_every_rank_sat_idle_nobody_is_named_as_having_ended(tmp_path) -> None:
