@@ -147,3 +147,17 @@ def test_a_loop_with_an_irregular_second_iteration_still_says_who_left_it(tmp_pa
     h = a.headline
     assert h is not None and (h.kind, h.ranks) == ("hang", [1]), a.verdict
     assert "left its loop in iteration 4" in a.verdict and ".py:67" in a.verdict, a.verdict
+
+
+def test_a_tie_at_the_call_one_party_made_on_the_wrong_group_is_that_partys(tmp_path) -> None:
+    """Seed 20261218 #185 (unseen): 4 ranks on a (pp 2, tp 2) mesh; at step 1 rank 3 all-reduces on the world
+    group at its loop's line 31, where every earlier call from that line went to its pp group {1,3}. Rank 0
+    later all-reduces on the world group after its loop (line 47), and the two calls meet as world #1: 1 vs 1
+    on size and dtype; rank 2 died without a dump. The tie named the lowest rank, 0. The wrong group breaks
+    it: rank 3's call is the one out of place."""
+    a = run(load_flight_recorder(timed_dumps("rp20261218_185_wrong_group_fr", tmp_path)))
+    h = a.headline
+    assert h is not None and (h.kind, h.ranks) == ("wrong_group", [3]), a.verdict
+    assert ".py:31" in a.verdict and "rank 2 left no Flight Recorder dump" in a.verdict, a.verdict
+    tied = [f for f in a.findings if f.kind == "collective_mismatch" and f.cause.ambiguous]
+    assert tied and all(f.role.value == "supporting" for f in tied), [(f.kind, f.role) for f in a.findings]

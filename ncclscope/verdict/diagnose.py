@@ -307,9 +307,31 @@ def _with_role(f: Finding, role: Role, supports_title: str = "") -> Finding:
     return replace(f, role=role, supports=supports_title or f.supports)
 
 
+def _tie_breakers(others: list[Finding]) -> dict[int, Finding]:
+    """id(wrong_group) -> the tied mismatch it breaks: a 1-vs-1 (or any tied) type/size/dtype vote at the
+    very instance a party to it made on a group its own call site never used. The calls disagree because
+    one of them is on the wrong group; the rank whose call it was deviated (seed 20261218 #185, dumps: rank
+    3 all-reduced on the world group at its loop's line where it always used its pp group, and met rank 0's
+    all_reduce after its loop: MISMATCH, a tie naming the lowest rank 0). The wrong_group then explains
+    what the mismatch explains."""
+    out: dict[int, Finding] = {}
+    for m in others:
+        if m.kind != K.COLLECTIVE_MISMATCH or not m.cause.ambiguous or m.instance is None:
+            continue
+        inst = (m.instance.group, m.instance.seq)
+        tied = {int(e.rank) for e in m.evidence if (e.process_group, e.seq) == inst}
+        for w in others:
+            c = w.cause
+            if (w.kind == K.WRONG_GROUP and w.severity == Severity.ERROR and c.wrong is not None
+                    and (c.wrong.group, c.wrong.seq) == inst and w.ranks and set(w.ranks) <= tied):
+                out[id(w)] = m
+    return out
+
+
 def combine(trace: Trace, roots: list[Finding], others: list[Finding]) -> list[Finding]:
     """One headline per root cause, the rest attached as supporting or left independent."""
     pending = list(others)
+    stand_in = _tie_breakers(others)
     promoted: list[tuple[Finding, Finding]] = []   # (cause, its headline)
     out: list[Finding] = []
     for root in roots:
@@ -317,7 +339,8 @@ def combine(trace: Trace, roots: list[Finding], others: list[Finding]) -> list[F
         if earlier is not None:          # the same deviation explains this root too
             out.append(_with_role(root, Role.SUPPORTING, earlier.title))
             continue
-        causes = _skip_first(sorted((c for c in pending if explains(c, root)), key=_cause_order))
+        causes = _skip_first(sorted((c for c in pending if explains(c, root)
+                                     or (id(c) in stand_in and explains(stand_in[id(c)], root))), key=_cause_order))
         if causes:
             pending.remove(causes[0])
             head = _as_headline(trace, _promote(trace, causes[0], root))
