@@ -43,6 +43,7 @@ from ncclscope.findings import SEVERITIES, CauseBasis, Explains, Finding, Findin
 from ncclscope.verdict.headline import hang_verdict
 from ncclscope.hang.before_death import mismatches_before_death, skips_before_death, with_deaths_inside
 from ncclscope.hang.collectives import analyze_collectives
+from ncclscope.hang.death_first import death_first
 from ncclscope.hang.group_checks import analyze_groups
 from ncclscope.index.views import index_of
 from ncclscope.hang.late_arrival import find_late_arrivals
@@ -102,6 +103,7 @@ def diagnose(trace: Trace, max_per_group: int = 5) -> Diagnosis:
     wr = analyze_waits(ix)
     roots = [f for f in wr.findings if f.severity == Severity.ERROR]
     context = [f for f in wr.findings if f.severity != Severity.ERROR]
+    roots, context = death_first(ix, roots, context)
     sched = analyze_schedule(ix)
     before = (skips_before_death(ix, roots) + mismatches_before_death(ix, roots) + find_late_arrivals(ix)
               + find_nonmember_calls(ix))
