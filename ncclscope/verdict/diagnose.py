@@ -12,7 +12,8 @@ them: a rank that used the wrong group is a missing participant in one group,
 a skip-suspect in the wait-for graph and a `wrong_group` in the group check.
 People need one headline per root cause, so this module:
 
-1. takes each wait-for root (deadlock / hang / dead_rank / stuck_in_compute);
+1. takes each wait-for root (deadlock / hang / dead_rank / stuck_in_compute), a death without a Flight
+   Recorder dump first where it came before the idle ranks that may wait on it (death_first.py);
 2. promotes a more specific cause when one explains it (`wrong_group`, or a
    type/size/dtype `collective_mismatch` at the instance the waiters are
    blocked in or before it: that is the first rank to deviate, even when an
