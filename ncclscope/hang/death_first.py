@@ -35,7 +35,7 @@ def death_first(ix: Any, roots: list[Finding], context: list[Finding]) -> tuple[
         return roots, context
     if ix.trace.run.source != "flight_recorder" or not p2p_unrecorded(ix):
         return roots, context
-    st = ix.rank_states if ix.rank_states.index.name == "rank" else ix.rank_states.set_index("rank")
+    st = ix.rank_states                       # indexed by rank
     if not all(r in st.index and str(st.at[r, "state"]) == "missing" for r in dead.ranks):
         return roots, context
     present = [int(r) for r in ix.trace.present_ranks]

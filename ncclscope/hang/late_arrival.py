@@ -42,7 +42,7 @@ def find_late_arrivals(ix: TraceIndex) -> list[Finding]:
     coll, trace = ix.coll, ix.trace
     if not len(coll):
         return []
-    states = ix.rank_states if ix.rank_states.index.name == "rank" else ix.rank_states.set_index("rank")
+    states = ix.rank_states                              # indexed by rank
     timed_out = timed_out_ranks(states)
     waiters = coll[(coll["status"].isin(["timeout"]))
                    | (coll["rank"].isin(timed_out) & coll["status"].isin(["inflight", "error"]))]

@@ -52,9 +52,10 @@ def virtual_steps(sites: list[str], min_repeats: int = MIN_REPEATS) -> tuple[np.
     idx = np.arange(n)
     steps = np.where(idx >= o, (idx - o) // p, -1)
     if late:          # the irregular iterations before the run: each began with the loop's first call
-        heads = np.flatnonzero(codes[:o] == codes[o])
+        is_head = codes[:o] == codes[o]
+        heads = np.flatnonzero(is_head)
         if len(heads):
-            early = np.cumsum(codes[:o] == codes[o]) - 1
+            early = np.cumsum(is_head) - 1
             steps = np.where(idx >= o, steps + len(heads), -1)
             steps[heads[0]:o] = early[heads[0]:o]
     return steps, brk
