@@ -6,10 +6,12 @@
 For each layout it starts a healthy `ncclscope train` job sized to outlast the watch, and polls its run
 directory every `--poll-s` seconds exactly as `ncclscope tui RUN --follow` does: `Follower.poll()` (only
 the appended batches), the one verdict composer on the extended trace, then the live hold
-(`tui.follow.hold_premature_hang`). A poll whose live headline is a hang or mismatch verdict (ALARMS) is a false
-verdict: it is printed with its poll number
-and the live note. When the watch ends the job is stopped (its process group gets SIGTERM, then
-SIGKILL) and the totals are printed: polls, false verdicts, the worst poll time.
+(`tui.follow.hold_premature_hang`). A poll whose live headline is a hang or mismatch verdict (ALARMS) is a
+false verdict: it is printed with its poll number and the live note; with `--keep DIR` the trace that poll
+read is pickled there (`LAYOUT-pollN.pkl`: `pickle.load` it and call `hold_premature_hang(compose(trace),
+trace)` to reproduce). When the watch ends the job is stopped (its process group gets SIGTERM, then
+SIGKILL; also when the watcher itself gets SIGTERM) and the totals are printed: polls, false verdicts, the
+worst poll time.
 
 Exit 0 when no poll gave a false verdict, 1 otherwise. Every job has a hard deadline: it cannot hang.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -53,7 +56,8 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def watch(layout: str, seconds: float, poll_s: float, out: Path) -> tuple[int, list[str], float]:
+def watch(layout: str, seconds: float, poll_s: float, out: Path, keep: Path | None = None
+          ) -> tuple[int, list[str], float]:
     """Polls, false verdicts (one line each), the slowest poll in seconds."""
     from ncclscope.tui.follow import Follower, hold_premature_hang
     from ncclscope.verdict.compose import run as compose
@@ -81,6 +85,10 @@ def watch(layout: str, seconds: float, poll_s: float, out: Path) -> tuple[int, l
                     if analysis.verdict.startswith(ALARMS):
                         false.append(f"{layout} poll {polls}: {analysis.verdict[:160]} ({note or 'no hold'})")
                         print("  FALSE " + false[-1], file=sys.stderr, flush=True)
+                        if keep is not None:
+                            keep.mkdir(parents=True, exist_ok=True)
+                            with open(keep / f"{layout}-poll{polls}.pkl", "wb") as fh:
+                                pickle.dump(trace, fh)
             except Exception as exc:  # a torn read: the next poll reads the whole batch
                 print(f"  poll error: {type(exc).__name__}: {exc}", file=sys.stderr)
             dt = time.monotonic() - t0
@@ -97,7 +105,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=200.0, help="watch time per layout")
     ap.add_argument("--minutes", type=float, default=None, help="watch time per layout, in minutes")
     ap.add_argument("--poll-s", type=float, default=1.0)
+    ap.add_argument("--keep", type=Path, default=None, help="pickle the trace of each false verdict here")
     args = ap.parse_args()
+    # a SIGTERM (kill, a CI step's timeout) unwinds through `watch`'s finally, which stops the job: without
+    # this the job outlived the watcher and kept loading the machine (seen: it failed other jobs' start-up)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     seconds = args.minutes * 60 if args.minutes else args.seconds
     total_polls, total_false = 0, []
     with tempfile.TemporaryDirectory(prefix="follow_watch_") as tmp:
@@ -106,7 +118,7 @@ def main() -> int:
                 print(f"follow_watch: unknown layout {layout!r} (choose from {', '.join(LAYOUTS)})",
                       file=sys.stderr)
                 return 2
-            polls, false, worst = watch(layout, seconds, args.poll_s, Path(tmp) / layout)
+            polls, false, worst = watch(layout, seconds, args.poll_s, Path(tmp) / layout, args.keep)
             print(f"{layout:8s} polls {polls:4d}  false verdicts {len(false):3d}  slowest poll {worst:.2f} s",
                   flush=True)
             total_polls += polls

@@ -172,6 +172,33 @@ def test_class10_a_live_rank_with_no_directory_yet_has_not_started() -> None:
 
 
 
+@pytest.mark.parametrize("wait_s, held", [(0.016, True), (30.0, False)])
+def test_class10_a_young_unmatched_send_whose_poster_went_on_computing_is_held(wait_s: float, held: bool) -> None:
+    """follow_watch.py pp2dp2, poll 39: `UNMATCHED P2P: rank 1 never posted the recv matching rank 3's isend
+    ... since 16 ms`, not held. The finding names only the rank that has not posted its side yet (between
+    ops, nothing in flight); the wait is the poster's, cited in its evidence, and is judged as any wait."""
+    from ncclscope.tui.follow import hold_premature_hang
+    from ncclscope.verdict.compose import run as compose
+
+    b = TraceBuilder(2, groups={"world": [0, 1]})
+    t = 0.0
+    for k in range(1, 6):
+        for r, op in ((0, "isend"), (1, "irecv")):
+            b.p2p(r, op, 1 - r, k, start=t, end=t + 0.01, tag=9, step=k)
+            b.compute(r, "forward", start=t + 0.01, end=t + 0.05, step=k)
+        t += 0.1
+    b.p2p(0, "isend", 1, 6, start=t, tag=9, step=6)
+    b.compute(0, "forward", start=t + 0.001, step=6)       # the poster went on to its next microbatch
+    for r in (0, 1):
+        b.heartbeats(r, 0.0, t + wait_s)
+    trace = b.build()
+    post_mortem = compose(trace)
+    assert post_mortem.verdict.startswith("UNMATCHED P2P: rank 1"), post_mortem.verdict
+    live, note = hold_premature_hang(post_mortem, trace)
+    assert live.verdict.startswith("OK" if held else "UNMATCHED P2P"), live.verdict
+    assert note.startswith("live: rank 0") if held else note == ""
+
+
 def _tp_dp_wrong_group(sites: bool) -> TraceBuilder:
     """tp 2 x dp 2 as a Flight Recorder dump reads it (no step numbers): each iteration an all_reduce on the
     tp group (site A), then one on the dp group (site B), equal sizes. In iteration 2 rank 1 issues its tp

@@ -334,7 +334,7 @@ NO_HISTORY_WAIT_S = 10.0    # an op never seen to finish (and no timeout known):
 
 def hold_premature_hang(analysis: Any, trace: Trace) -> tuple[Any, str]:
     """(analysis, note): in a live job, the hang diagnosis' findings are held back while every op the
-    ranks it names are waiting in is still within its own history (`wait_threshold_s`). The verdict
+    ranks it names or cites as evidence are waiting in is still within its own history (`wait_threshold_s`). The verdict
     then comes from the composer's `compose_verdict` over the other findings; `note` says what
     is being watched. A timeout, an error or a dead process is a fact: never held."""
     diag = getattr(analysis, "diagnosis", None)
@@ -348,7 +348,10 @@ def hold_premature_hang(analysis: Any, trace: Trace) -> tuple[Any, str]:
     if diag is None or getattr(diag, "ok", True):
         return analysis, ""
     hang = [f for f in analysis.findings if any(f is g for g in diag.findings)]
-    ranks = sorted(set().union(*(f.involved_ranks for f in hang)) if hang else set())
+    # the ranks in the story and the ranks its evidence cites: an unmatched p2p names only the rank that
+    # never posted its side (between ops, nothing in flight); the wait is the poster's, in its evidence
+    ranks = sorted(set().union(*(f.involved_ranks | {int(e.rank) for e in f.evidence if int(e.rank) >= 0}
+                                 for f in hang)) if hang else set())
     ops = trace.ops
     if not len(ops) or all(f.kind == FindingKind.NO_OP_IN_FLIGHT for f in hang):
         # a live job that has posted nothing yet, or whose ranks are all between ops, is starting or
