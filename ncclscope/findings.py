@@ -243,6 +243,7 @@ class Cause:
     unfinished: bool | None = None                # the instance never completed
     later_instances: int | None = None            # how many later instances the deviation persisted into
     died_inside: tuple[int, ...] | None = None    # dead ranks whose begin row for the instance never ended
+    next_instances: tuple[tuple[str, int], ...] | None = None   # what its recording members issued next
     wrong: WrongCall | None = None                # the wrong call of a wrong_group finding
     partner_deaths: tuple[int, ...] | None = None # members of either group that died of the wrong call
     poster: int | None = None                     # unmatched p2p: the rank that posted its side ...
@@ -259,7 +260,8 @@ class Cause:
         for key in ("before_death", "summary"):
             if getattr(self, key):
                 out[key] = True
-        for key in ("ambiguous", "deviant_ranks", "absent_ranks", "unfinished", "later_instances", "died_inside"):
+        for key in ("ambiguous", "deviant_ranks", "absent_ranks", "unfinished", "later_instances", "died_inside",
+                    "next_instances"):
             _put(out, key, getattr(self, key))
         if self.wrong is not None:
             out["wrong_group"] = self.wrong.group
@@ -286,7 +288,7 @@ def _put(out: dict[str, Any], key: str, value: Any) -> None:
 TYPED_DATA_KEYS = ("role", "supports", "instance", "instances", "involved", "stack", "explains",
                    "wait_summary", "waiting_ranks", "direct_waiters", "wait_s")
 CAUSE_KEYS = ("before_death", "summary", "deviant_ranks", "absent_ranks", "unfinished", "later_instances",
-              "died_inside", "wrong_group", "wrong_seq", "wrong_ns", "partner_deaths", "poster", "absent",
+              "died_inside", "next_instances", "wrong_group", "wrong_seq", "wrong_ns", "partner_deaths", "poster", "absent",
               "departure", "tag_deviant", "p2p_pair")
 
 

@@ -44,6 +44,28 @@ def test_a_size_mismatch_right_before_the_instance_a_dead_rank_never_reached_com
     assert "rank 3 left no Flight Recorder dump" in a.verdict, a.verdict
 
 
+def test_a_size_mismatch_right_before_the_op_on_another_group_a_dead_rank_never_reached_comes_first(tmp_path) -> None:
+    """Seed 20261219 #7 (unseen): the same size mismatch (rank 1 broadcasts 1007 elements on group "1", the
+    whole world, where the others pass 1000), rank 3 aborted without a dump; the survivors' next call is a
+    barrier on the default group, and they wait in it. What they issued right after the mismatched instance,
+    on whatever group, is where a rank that died inside it is first missed. Before: DEAD RANK on rank 3."""
+    a = run(load_flight_recorder(timed_dumps("rp20261219_007_size_fr", tmp_path)))
+    h = a.headline
+    assert h is not None and (h.kind, h.ranks) == ("collective_mismatch", [1]), a.verdict
+    assert "passed sizes [[1007]] where ranks 0,2,4 passed [[1000]]" in a.verdict, a.verdict
+    assert "then rank 3 left no Flight Recorder dump" in a.verdict, a.verdict
+
+def test_a_survivor_whose_own_loop_jumped_ahead_where_its_partner_died_without_a_dump_skipped(tmp_path) -> None:
+    """Seed 20261219 #42 (unseen): 2 ranks; each iteration calls a helper's all_gather from line 42 (3 int64)
+    and from line 44 (1024 float32). In iteration 2 rank 0 skips line 42: its #9 (line 44) pairs with rank
+    1's line 42, gloo aborts rank 1, no dump. Rank 0's #9 returned (its partner posted #9) and its own loop
+    went 42, 44 at that point before: it jumped ahead. Before: DEAD RANK on rank 1."""
+    a = run(load_flight_recorder(timed_dumps("rp20261219_042_skip_fr", tmp_path)))
+    h = a.headline
+    assert h is not None and (h.kind, h.ranks) == ("hang", [0]), a.verdict
+    assert "skipped all_gather" in a.verdict and ".py:42" in a.verdict, a.verdict
+    assert "then rank 1 left no Flight Recorder dump" in a.verdict, a.verdict
+
 def test_a_group_every_dumped_rank_used_takes_back_the_rank_that_left_no_dump(tmp_path) -> None:
     """#59: a 1-d mesh of 5 ranks built with new_group; rank 1 calls os._exit in step 5's compute. Group "1"
     was rebuilt from the ranks that used it, 0 and 2-4, so ranks 2 and 4 waiting in its broadcast #22 seemed

@@ -677,9 +677,13 @@ def test_a_one_against_one_tie_is_decided_by_what_each_rank_s_own_loop_issues_at
     from ncclscope.load.foreign.flight_recorder import load_flight_recorder
     from ncclscope.verdict import run
     a = run(load_flight_recorder(Path(__file__).parent / "data" / "randprog" / "rp20261208_334_skip_fr"))
-    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("collective_mismatch", [1]), a.verdict
-    assert "its own earlier calls on default_pg issue all_reduce" in a.verdict and ":61" in a.verdict
+    # the headline: the skip read from rank 1's own loop (its passes on the group, the dumps marking no
+    # steps), the tie's mismatch, decided by the same sequences, filed under it
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("hang", [1]), a.verdict
+    assert "rank 1 skipped all_reduce" in a.verdict and ":61" in a.verdict
     assert "ambiguous" not in a.verdict
+    assert any(f.kind == "collective_mismatch" and f.ranks == [1]
+               and "its own earlier calls on default_pg issue all_reduce" in f.title for f in a.findings)
     # the prediction: the longest earlier-seen context, one earlier pass is enough, disagreement says nothing
     assert predicted_next(list("abcdeabc")) == ("d", 1) and predicted_next(list("abcdeabcdeabc"))[0] == "d"
     assert predicted_next(list("ab")) is None and predicted_next(list("abcxabcyabc")) is None

@@ -160,13 +160,28 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
         ev.append(Evidence(rank=int(r.rank), note=note, op_name=str(r.op_name), process_group=g, seq=k,
                            op_id=int(r.op_id), time_ns=int(r.start_ns)))
     ev.sort(key=lambda e: (not e.note.startswith("deviant"), e.rank))
+    nxt = _next_instances(coll, inst) if absent else ()
     return Finding(kind="collective_mismatch", severity="error", title=title, ranks=named, evidence=ev[:24],
                    instance=InstanceRef(g, k),
                    data={"process_group": g, "seq": k, "categories": cats, "call_site": site},
                    cause=Cause(basis=CauseBasis.HISTORY if history else CauseBasis.INSTANCE, ambiguous=tie,
                                deviant_ranks=tuple(sorted(int(x) for x in rows["rank"].unique())),
-                               absent_ranks=tuple(absent), unfinished=bool(len(notok)), later_instances=later),
+                               absent_ranks=tuple(absent), unfinished=bool(len(notok)), later_instances=later,
+                               next_instances=nxt or None),
                    layout=MISMATCH_LAYOUT)
+
+
+def _next_instances(coll: pd.DataFrame, inst: pd.DataFrame) -> tuple[tuple[str, int], ...]:
+    """The collective instances the members that recorded `inst` issued right after it, each in its own
+    order (`coll` is sorted by rank, start): where a member that left no record of it is waited on next."""
+    pos = coll.index.get_indexer(inst.index) + 1
+    pos = pos[(pos > 0) & (pos < len(coll))]
+    if not len(pos):
+        return ()
+    after = coll.iloc[pos]
+    same = after["rank"].to_numpy() == coll["rank"].to_numpy()[pos - 1]
+    return tuple(sorted({(str(g), int(k)) for g, k in zip(after["process_group"].to_numpy()[same],
+                                                           after["collective_seq_id"].to_numpy()[same])}))
 
 
 def _end_states(trace: Trace, ranks: list[int]) -> str:

@@ -252,10 +252,17 @@ def _dead_at_site(ix, g: str, r: int, site: str) -> list[int]:
     return out
 
 
+def _dead_without_record(ix, g: str, r: int) -> list[int]:
+    """Dead members of `g` (not `r`) with no op recorded at all (no dump, no trace)."""
+    st, have = ix.rank_states, set(int(q) for q in ix.coll["rank"].unique())
+    return [int(q) for q in ix.members.get(g, []) if q != r and q in st.index and bool(st.at[q, "dead"])
+            and int(q) not in have]
+
+
 def _last_two_passes(c: pd.DataFrame):
     """Per (rank, group) of `c` (collective rows), in (rank, group) order: (rank, group, the calls of its
     last pass, those of the pass before, whether the passes are virtual steps, the last step), each pass
-    as arrays in start order (call_site, op_name, collective_seq_id). A pass is a step; when one step
+    as arrays in start order (call_site, op_name, collective_seq_id, status). A pass is a step; when one step
     holds every call (a loop without step markers) the passes are its loop's repetitions (repetition.py),
     and a (rank, group) whose calls never repeat is left out. One sort for all of them: 64 ranks x their
     groups were 320 small frames."""
@@ -265,6 +272,7 @@ def _last_two_passes(c: pd.DataFrame):
     group = c["process_group"].astype(str).to_numpy(dtype=object)
     cols = {k: c[k].astype(str).to_numpy(dtype=object) for k in ("call_site", "op_name")}
     cols["collective_seq_id"] = c["collective_seq_id"].to_numpy(np.int64)
+    cols["status"] = c["status"].astype(str).to_numpy(dtype=object)
     gcode, gnames = pd.factorize(group, sort=True)
     order = np.lexsort((start, gcode, rank))
     rank, gcode, step = rank[order], gcode[order], step[order]
@@ -293,7 +301,11 @@ def sequence_skips(ix, ranks: list[int]) -> pd.DataFrame:
 
     The rank skipped Y; its X paired with the others' Y (a size or dtype mismatch, garbage counts, a
     hang one instance off). The others' record of that instance must show them at Y; when gloo aborted
-    the partner and its rows of the instance died with it, its stack dump in Y says the same. Same
+    the partner and its rows of the instance died with it, its stack dump in Y says the same; when it left
+    no record at all (a Flight Recorder dump never written) and the rank's X returned (so the partner
+    posted its #k), the partner is taken to have run the program the rank's own loop shows (seed 20261219
+    #42: rank 0 skipped a helper's all_gather, the other rank died on the size mismatch without a dump).
+    A rank with no step marked on any row (a dump) is read by its loop's repetitions. Same
     columns as `deviations_before_death` (basis "sequence")."""
     cols = ["rank", "process_group", "seq", "step", "call_site", "op_name", "ref_ranks", "basis", "went_site", "note"]
     coll = ix.coll
@@ -301,7 +313,9 @@ def sequence_skips(ix, ranks: list[int]) -> pd.DataFrame:
         return pd.DataFrame(columns=cols)
     want = sorted(set(int(r) for r in ranks))[:MAX_SEQUENCE_RANKS]
     c = coll[coll["rank"].isin(want).to_numpy()]          # a few ranks' rows first, then the row tests
-    c = c[((c["step"] >= 0) & (c["call_site"] != "")).to_numpy()]
+    # a rank's steps, or (no step marked on any of its rows: a Flight Recorder dump) its loop's repetitions
+    unmarked = c.groupby("rank")["step"].transform("max").to_numpy() < 0
+    c = c[(((c["step"] >= 0).to_numpy() | unmarked) & (c["call_site"] != "").to_numpy())]
     rows = []
     for r, g, now, prev, virtual, s in _last_two_passes(c):
         ref, got = prev["call_site"].tolist(), now["call_site"].tolist()
@@ -319,6 +333,11 @@ def sequence_skips(ix, ranks: list[int]) -> pd.DataFrame:
             # the partner's rows of #k died with it (gloo's abort): its stack dump still says where it was
             refs = _dead_at_site(ix, g, r, y)
             seen_in = "; the partner's stack shows it in " + y if refs else ""
+            if not refs and str(op_row["status"]) == "ok":
+                # #k returned, so its partners posted it; those that died leaving no record at all are taken
+                # to have run the program the rank's own loop shows, Y there
+                refs = _dead_without_record(ix, g, r)
+                seen_in = "; the partner that died left no record" if refs else ""
         else:
             refs = sorted(int(q) for q in inst["rank"]) if (inst["call_site"] == y).all() else []
         if not refs:

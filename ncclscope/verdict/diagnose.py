@@ -156,10 +156,12 @@ def _mismatch_explains(cause: Finding, root: Finding) -> bool:
         return True
     inst = _instance(cause)
     if (root.kind == K.DEAD_RANK and inst is not None and set(root.ranks) & set(c.absent_ranks or ())
-            and (inst[0], inst[1] + 1) in _blocked_at(root)):
-        # the dead rank left no record of the mismatched instance and the survivors wait in the group's very
-        # next one: it stopped inside the mismatch or right after it, as gloo's abort on a size mismatch does
-        # (seed 20261213 #381: rank 1 broadcast 1007 elements to the others' 1000; rank 3 died, no dump)
+            and ({(inst[0], inst[1] + 1), *(c.next_instances or ())} & _blocked_at(root))):
+        # the dead rank left no record of the mismatched instance and the survivors wait in what they issued
+        # right after it (the group's next instance, or their next op on another group): it stopped inside
+        # the mismatch or right after it, as gloo's abort on a size mismatch does (seed 20261213 #381: rank
+        # 1 broadcast 1007 elements to the others' 1000, rank 3 died without a dump; seed 20261219 #7: the
+        # same, the survivors then in a barrier on the world group)
         return True
     if c.p2p_pair:                               # a send/recv size change
         return bool(set(c.p2p_pair) & root.involved_ranks)
