@@ -288,8 +288,8 @@ def _put(out: dict[str, Any], key: str, value: Any) -> None:
 TYPED_DATA_KEYS = ("role", "supports", "instance", "instances", "involved", "stack", "explains",
                    "wait_summary", "waiting_ranks", "direct_waiters", "wait_s")
 CAUSE_KEYS = ("before_death", "summary", "deviant_ranks", "absent_ranks", "unfinished", "later_instances",
-              "died_inside", "next_instances", "wrong_group", "wrong_seq", "wrong_ns", "partner_deaths", "poster", "absent",
-              "departure", "tag_deviant", "p2p_pair")
+              "died_inside", "next_instances", "wrong_group", "wrong_seq", "wrong_ns", "partner_deaths", "poster",
+              "absent", "departure", "tag_deviant", "p2p_pair")
 
 
 @dataclass

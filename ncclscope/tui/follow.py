@@ -334,9 +334,10 @@ NO_HISTORY_WAIT_S = 10.0    # an op never seen to finish (and no timeout known):
 
 def hold_premature_hang(analysis: Any, trace: Trace) -> tuple[Any, str]:
     """(analysis, note): in a live job, the hang diagnosis' findings are held back while every op the
-    ranks it names or cites as evidence are waiting in is still within its own history (`wait_threshold_s`). The verdict
-    then comes from the composer's `compose_verdict` over the other findings; `note` says what
-    is being watched. A timeout, an error or a dead process is a fact: never held."""
+    ranks it names or cites as evidence are waiting in is still within its own history
+    (`wait_threshold_s`). The verdict then comes from the composer's `compose_verdict` over the other
+    findings; `note` says what is being watched. A timeout, an error or a dead process is a fact: never
+    held."""
     diag = getattr(analysis, "diagnosis", None)
     unstarted = [f for f in analysis.findings if f.kind == FindingKind.DEAD_RANK
                  and all(r not in trace.ranks or not trace.ranks[r].present for r in f.ranks)]
