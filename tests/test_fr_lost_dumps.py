@@ -2,11 +2,14 @@
 
 Gloo jobs of the random-program benchmark, their dumps as written (tests/data/randprog). Each read wrong on
 its dumps: a survivor's call read as a deviation where every rank's program made that call (seed 20261213 #322,
-#365), the death stood in front of the mismatch that came before it (#381), the dead rank was not put back
+#365), the death stood in front of the mismatch that came before it (#381, seed 20261219 #7) or of the
+survivor's own skip (seed 20261219 #42), the dead rank was not put back
 into the group it shared with the deviant (seed 20261214 #366), a lone dump read as a healthy job of one
 rank (seed 20261214 #37), or a survivor's run of identical calls read as its loop (seed 20261214 #313).
 """
 from __future__ import annotations
+
+import pytest
 
 from ncclscope.load.foreign.flight_recorder import load_flight_recorder
 from ncclscope.verdict import run
@@ -32,28 +35,22 @@ def test_the_first_call_after_the_loop_is_not_read_as_leaving_it_when_the_partne
     assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("dead_rank", [0]), a.verdict
 
 
-def test_a_size_mismatch_right_before_the_instance_a_dead_rank_never_reached_comes_first(tmp_path) -> None:
+@pytest.mark.parametrize("fixture, survivors", [("rp20261213_381_size_fr", "0,2"), ("rp20261219_007_size_fr", "0,2,4")])
+def test_a_size_mismatch_right_before_what_a_dead_rank_never_reached_comes_first(fixture: str, survivors: str,
+                                                                                   tmp_path) -> None:
     """#381: rank 1 broadcasts 1007 elements where ranks 0 and 2 pass 1000 (#18 on the default group); rank 3
     left no dump (gloo aborted it) and ranks 0-2 wait in #19 on the same group. The dead rank left no record
     of #18 and the survivors wait in the very next instance: the mismatch is the first deviation, the death its
-    consequence. Before: DEAD RANK on rank 3."""
-    a = run(load_flight_recorder(timed_dumps("rp20261213_381_size_fr", tmp_path)))
+    consequence. Seed 20261219 #7 (unseen): the same mismatch on group "1" (the whole world); the survivors'
+    next call is a barrier on the default group, and they wait in it: what they issued right after the
+    mismatched instance, on whatever group, is where a rank that died inside it is first missed. Before: DEAD
+    RANK on rank 3, both."""
+    a = run(load_flight_recorder(timed_dumps(fixture, tmp_path)))
     h = a.headline
     assert h is not None and (h.kind, h.ranks) == ("collective_mismatch", [1]), a.verdict
-    assert "passed sizes [[1007]] where ranks 0,2 passed [[1000]]" in a.verdict, a.verdict
-    assert "rank 3 left no Flight Recorder dump" in a.verdict, a.verdict
-
-
-def test_a_size_mismatch_right_before_the_op_on_another_group_a_dead_rank_never_reached_comes_first(tmp_path) -> None:
-    """Seed 20261219 #7 (unseen): the same size mismatch (rank 1 broadcasts 1007 elements on group "1", the
-    whole world, where the others pass 1000), rank 3 aborted without a dump; the survivors' next call is a
-    barrier on the default group, and they wait in it. What they issued right after the mismatched instance,
-    on whatever group, is where a rank that died inside it is first missed. Before: DEAD RANK on rank 3."""
-    a = run(load_flight_recorder(timed_dumps("rp20261219_007_size_fr", tmp_path)))
-    h = a.headline
-    assert h is not None and (h.kind, h.ranks) == ("collective_mismatch", [1]), a.verdict
-    assert "passed sizes [[1007]] where ranks 0,2,4 passed [[1000]]" in a.verdict, a.verdict
+    assert f"passed sizes [[1007]] where ranks {survivors} passed [[1000]]" in a.verdict, a.verdict
     assert "then rank 3 left no Flight Recorder dump" in a.verdict, a.verdict
+
 
 def test_a_survivor_whose_own_loop_jumped_ahead_where_its_partner_died_without_a_dump_skipped(tmp_path) -> None:
     """Seed 20261219 #42 (unseen): 2 ranks; each iteration calls a helper's all_gather from line 42 (3 int64)
