@@ -66,6 +66,20 @@ def test_a_rank_the_launcher_stopped_a_second_after_its_peer_left_is_not_a_healt
     assert "rank 1 sat 0.7 s outside any collective" in a.verdict, a.verdict
 
 
+
+def test_three_ops_are_enough_for_a_pace(tmp_path) -> None:
+    """Seed 20261219 #194 (unseen): 3 ranks, rank 2 raises in step 1 and leaves no dump; ranks 0 and 1 hold
+    three all_reduces each (1-4 ms apart) and were dumped 0.9 s after the last, when the launcher stopped
+    them. Four ops were needed for a pace: OK on a job that failed. Two intervals are a pace; one or two ops
+    still say nothing. The dumps hold no trace of rank 2 (gloo's dumps list no group members), so the
+    verdict says what is known and names no culprit; written right after their last op they stay OK."""
+    a = run(load_flight_recorder(_dumps("rp20261219_194_exception_fr", tmp_path)))
+    assert not a.ok, a.verdict
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("no_op_in_flight", [0, 1]), a.verdict
+    assert "0.9 s after its last op, over 10 times its longest interval" in a.verdict, a.verdict
+    a = run(load_flight_recorder(_dumps("rp20261219_194_exception_fr", tmp_path / "prompt", {0: 0.02, 1: 0.02})))
+    assert a.ok, a.verdict
+
 def test_when_every_rank_sat_idle_nobody_is_named_as_having_ended(tmp_path) -> None:
     """The same job with rank 1 dumped as late as its peers: no rank ended first, so the verdict is the
     stopped job's (every rank named), not a hang on rank 1."""

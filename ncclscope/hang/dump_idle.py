@@ -15,8 +15,10 @@ something dumped it. Two yardsticks say "long":
   consecutive ops of its record. A training loop repeats itself; a rank idle `PACE_FACTOR` times
   longer than any interval it ever showed, and at least `IDLE_FLOOR_NS`
   (a process's exit and the dump itself take up to ~0.1 s), left its
-  routine. This needs `PACE_MIN_OPS` recorded ops: a pace read from one or
-  two ops says nothing.
+  routine. This needs `PACE_MIN_OPS` (3) recorded ops: a pace read from one or
+  two ops says nothing; two intervals do (with four needed, a 3-rank job whose
+  ranks each held three all_reduces, dumped 0.9 s after the last when the
+  launcher stopped them, read OK: seed 20261219 #194).
 
 A healthy job dumped on demand or at its end is dumped within one of its own
 intervals; measured on 160 healthy random programs (seeds 20261209-10) the
@@ -51,7 +53,7 @@ from ncclscope.load.foreign.fr_extras import DUMP_MARKER   # one row per dump, a
 
 PACE_FACTOR = 10
 IDLE_FLOOR_NS = 500_000_000
-PACE_MIN_OPS = 4
+PACE_MIN_OPS = 3
 
 
 def idle_before_dump(ix: Any, present: list[int]) -> pd.DataFrame | None:
