@@ -144,3 +144,19 @@ def test_one_rank_idle_within_its_timeout_may_still_be_inside_the_op_that_failed
     b = run(load_flight_recorder(_dumps("rp20261213_014_hang_compute_fr", tmp_path / "b",
                                         {0: 0.01, 1: 0.01, 2: 3.0, 3: 0.01, 4: 0.01})))
     assert b.headline is not None and (b.headline.kind, b.headline.ranks) == ("no_op_in_flight", [2]), b.verdict
+
+
+def test_tied_ranks_ordered_by_their_dump_times_where_a_waiter_went_past_them(tmp_path) -> None:
+    """Seed 20261219 #282 (unseen): 4 ranks; rank 1's data shard is a batch short and its program ends (exit
+    0) after the third step's last all_gather; ranks 0 and 2 fail a second later in the fourth step's ring
+    send/recv with it (gloo records none), and rank 3 waits in the fourth step's all_gather on group 1. Ranks
+    0-2 never posted it and stopped after the same op: a tie, lowest named (rank 0). Rank 1 was dumped right
+    after its last op, a second before ranks 0 and 2, and rank 3 went on from that point: rank 1 left the
+    program before its end. Written all at once, the dumps give no order and the tie stands."""
+    a = run(load_flight_recorder(_dumps("rp20261219_282_uneven_loop_fr", tmp_path)))
+    h = a.headline
+    assert h is not None and (h.kind, h.ranks) == ("hang", [1]), a.verdict
+    assert "rank 1 ended right after its last op" in a.verdict and "left it before its end" in a.verdict, a.verdict
+    assert not h.json_data().get("ambiguous"), h.json_data()
+    a = run(load_flight_recorder(_dumps("rp20261219_282_uneven_loop_fr", tmp_path / "same", {r: 1.0 for r in range(4)})))
+    assert a.headline is not None and a.headline.ranks == [0] and "the lowest rank is named" in a.verdict, a.verdict
