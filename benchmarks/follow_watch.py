@@ -57,12 +57,15 @@ def _stop(proc: subprocess.Popen) -> None:
 
 
 def watch(layout: str, seconds: float, poll_s: float, out: Path, keep: Path | None = None
-          ) -> tuple[int, list[str], float]:
-    """Polls, false verdicts (one line each), the slowest poll in seconds."""
+          ) -> tuple[int, list[str], float, float, bool]:
+    """Polls, false verdicts (one line each), the slowest poll in seconds, the seconds watched, and whether
+    the job ended before the watch did (then it watched less than asked, and says so)."""
     from ncclscope.tui.follow import Follower, hold_premature_hang
     from ncclscope.verdict.compose import run as compose
 
-    steps = max(20, int(seconds * 4))           # more steps than the watch can see end
+    # more steps than the watch can see end: a tiny 4-rank job runs ~20 steps a second on two free cores
+    # (at 4 steps per watched second, stop 39's 3-minute watches ended with their jobs after ~1 minute)
+    steps = max(20, int(seconds * 100))
     cmd = [sys.executable, "-m", "ncclscope", "train", *LAYOUTS[layout], "--steps", str(steps),
            "--timeout-s", "30", "--out", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -70,8 +73,9 @@ def watch(layout: str, seconds: float, poll_s: float, out: Path, keep: Path | No
                             start_new_session=True)
     false: list[str] = []
     polls, worst = 0, 0.0
+    t_start = time.monotonic()
     try:
-        t_end = time.monotonic() + seconds
+        t_end = t_start + seconds
         while not (out / "rank-00000").is_dir() and time.monotonic() < t_end and proc.poll() is None:
             time.sleep(0.2)
         fol = Follower(out)
@@ -95,8 +99,9 @@ def watch(layout: str, seconds: float, poll_s: float, out: Path, keep: Path | No
             worst = max(worst, dt)
             time.sleep(max(0.0, poll_s - dt))
     finally:
+        ended = proc.poll() is not None
         _stop(proc)
-    return polls, false, worst
+    return polls, false, worst, time.monotonic() - t_start, ended
 
 
 def main() -> int:
@@ -118,9 +123,9 @@ def main() -> int:
                 print(f"follow_watch: unknown layout {layout!r} (choose from {', '.join(LAYOUTS)})",
                       file=sys.stderr)
                 return 2
-            polls, false, worst = watch(layout, seconds, args.poll_s, Path(tmp) / layout, args.keep)
-            print(f"{layout:8s} polls {polls:4d}  false verdicts {len(false):3d}  slowest poll {worst:.2f} s",
-                  flush=True)
+            polls, false, worst, watched, ended = watch(layout, seconds, args.poll_s, Path(tmp) / layout, args.keep)
+            print(f"{layout:8s} polls {polls:4d}  false verdicts {len(false):3d}  slowest poll {worst:.2f} s  "
+                  f"watched {watched:.0f} s" + ("  (the job ended first)" if ended else ""), flush=True)
             total_polls += polls
             total_false += false
     print(f"total    polls {total_polls:4d}  false verdicts {len(total_false):3d}")
