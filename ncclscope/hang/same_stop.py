@@ -33,9 +33,8 @@ import pandas as pd
 
 from ncclscope.findings import Finding
 from ncclscope.hang.dump_idle import idle_before_dump
-from ncclscope.hang.wording import duration
-from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, last_op_evidence, payload, sort_key, waiter_evidence,
-                                    waiting_summary, wanted_desc)
+from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, duration, last_op_evidence, payload, sort_key,
+                                    waiter_evidence, waiting_summary, wanted_desc)
 from ncclscope.index.labels import rank_label
 
 StopPoint = tuple[str, str, str]       # what the rank never posted, its last op, that op's status
