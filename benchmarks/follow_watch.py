@@ -56,8 +56,19 @@ def _stop(proc: subprocess.Popen) -> None:
             continue
 
 
-def watch(layout: str, seconds: float, poll_s: float, out: Path, keep: Path | None = None
-          ) -> tuple[int, list[str], float, float, bool]:
+def _keep_trace(trace: object, path: Path) -> None:
+    """Pickle the trace a poll read, without the index the analysis cached on it (the index refers back to its
+    trace weakly, and a weak reference cannot be pickled: the replay builds a fresh one)."""
+    state = dict(vars(trace))
+    state.pop("_ncclscope_index", None)
+    bare = object.__new__(type(trace))
+    vars(bare).update(state)
+    with open(path, "wb") as fh:
+        pickle.dump(bare, fh)
+
+
+def watch(layout: str, seconds: float, poll_s: float, out: Path, keep: Path | None = None,
+          keep_slow: float | None = None) -> tuple[int, list[str], float, float, bool]:
     """Polls, false verdicts (one line each), the slowest poll in seconds, the seconds watched, and whether
     the job ended before the watch did (then it watched less than asked, and says so)."""
     from ncclscope.tui.follow import Follower, hold_premature_hang
@@ -91,12 +102,16 @@ def watch(layout: str, seconds: float, poll_s: float, out: Path, keep: Path | No
                         print("  FALSE " + false[-1], file=sys.stderr, flush=True)
                         if keep is not None:
                             keep.mkdir(parents=True, exist_ok=True)
-                            with open(keep / f"{layout}-poll{polls}.pkl", "wb") as fh:
-                                pickle.dump(trace, fh)
+                            _keep_trace(trace, keep / f"{layout}-poll{polls}.pkl")
             except Exception as exc:  # a torn read: the next poll reads the whole batch
                 print(f"  poll error: {type(exc).__name__}: {exc}", file=sys.stderr)
             dt = time.monotonic() - t0
             worst = max(worst, dt)
+            if keep is not None and keep_slow is not None and dt > keep_slow and polls:
+                # a slow poll is a defect of its own (the live view froze): keep what it read to replay it
+                print(f"  SLOW {layout} poll {polls}: {dt:.1f} s", file=sys.stderr, flush=True)
+                keep.mkdir(parents=True, exist_ok=True)
+                _keep_trace(trace, keep / f"{layout}-slow-poll{polls}.pkl")
             time.sleep(max(0.0, poll_s - dt))
     finally:
         ended = proc.poll() is not None
@@ -111,6 +126,8 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=None, help="watch time per layout, in minutes")
     ap.add_argument("--poll-s", type=float, default=1.0)
     ap.add_argument("--keep", type=Path, default=None, help="pickle the trace of each false verdict here")
+    ap.add_argument("--keep-slow", type=float, default=None, metavar="S",
+                    help="with --keep, also pickle the trace of every poll that took more than S seconds")
     args = ap.parse_args()
     # a SIGTERM (kill, a CI step's timeout) unwinds through `watch`'s finally, which stops the job: without
     # this the job outlived the watcher and kept loading the machine (seen: it failed other jobs' start-up)
@@ -123,7 +140,8 @@ def main() -> int:
                 print(f"follow_watch: unknown layout {layout!r} (choose from {', '.join(LAYOUTS)})",
                       file=sys.stderr)
                 return 2
-            polls, false, worst, watched, ended = watch(layout, seconds, args.poll_s, Path(tmp) / layout, args.keep)
+            polls, false, worst, watched, ended = watch(layout, seconds, args.poll_s, Path(tmp) / layout, args.keep,
+                                                        args.keep_slow)
             print(f"{layout:8s} polls {polls:4d}  false verdicts {len(false):3d}  slowest poll {worst:.2f} s  "
                   f"watched {watched:.0f} s" + ("  (the job ended first)" if ended else ""), flush=True)
             total_polls += polls

@@ -146,19 +146,10 @@ def _early_leavers(seqs: dict[int, pd.DataFrame], blocked: dict[int, set[int]], 
     at = {r: np.flatnonzero(seq["op_id"].isin(list(blocked[r])).to_numpy()) for r, seq in seqs.items()}
     if len(toks) < len(members) or any(not len(a) for a in at.values()):
         return []
-    shortest = min(len(t) for t in toks.values())
-    best: dict[int, set[tuple[frozenset[int], int]]] = {}
-    for p in range(1, min(MAX_PERIOD, shortest) + 1):
-        for o in range(0, shortest - p):
-            got = _split(toks, at, o, p)
-            if got is not None:
-                best.setdefault(got[1], set()).add((got[0], p, o))
-    if not best:
+    shape = _best_shape(toks, at)
+    if shape is None:
         return []
-    top = best[max(best)]
-    if len({left for left, _, _ in top}) != 1:
-        return []
-    left, p, o = min(top, key=lambda lp: lp[1])
+    left, p, o = shape
     # Ranks of one program may loop with periods of their own (a branch on the rank adds calls): a member
     # whose blocked call, with the call before it, is a pair its own sequence already made is where its
     # own loop put it, whatever shape the others fit
@@ -188,26 +179,58 @@ def _made_before(t: list[str], i: int) -> bool:
     return any(t[k] == t[i] and (i == 0 or (k > 0 and t[k - 1] == t[i - 1])) for k in range(i))
 
 
-def _split(toks: dict[int, list[str]], at: dict[int, np.ndarray], o: int, p: int
-           ) -> tuple[frozenset[int], int] | None:
-    """(the leavers, calls that repeat) under loop shape (o, p); None when it does not split the members
-    into leavers and kept ones."""
-    left, kept, repeated = set(), 0, 0
-    for r, t in toks.items():
-        n = len(t)
-        if o + p >= n:
-            return None                          # no second iteration begun under this shape
-        first_bad = next((k for k in range(o + p, n) if t[k] != t[k - p]), None)
-        if first_bad is None:
-            kept += 1
-            repeated += n - o - p
-        elif first_bad in set(at[r].tolist()):      # at one of its blocked ops (an earlier one may be a stale
-                                                     # async row: a Flight Recorder entry never marked done)
-            left.add(r)
-            repeated += first_bad - o - p
-        else:
-            return None
-    return (frozenset(left), repeated) if left and kept else None
+def _best_shape(toks: dict[int, list[str]], at: dict[int, np.ndarray]) -> tuple[frozenset[int], int, int] | None:
+    """(leavers, p, o): of the loop shapes (setup prefix o, period p) that split the members into leavers
+    and kept ones, the one under which the most calls repeat (the smallest p, then o, among equals); None
+    when there is none, or when the shapes with the most repeats name different leavers.
+
+    Under shape (o, p) a member's first bad call is the first k >= o + p with t[k] != t[k - p]: none, it is
+    kept (its n - o - p calls past iteration 0 repeat); at one of its blocked ops (an earlier one may be a
+    stale async row: a Flight Recorder entry never marked done), it left (first_bad - o - p repeat); else
+    the shape does not fit. For one p every o is read at once from the next mismatch at or after each
+    position, so the search is O(MAX_PERIOD x calls) (it was a scan per shape: a live poll of a
+    10-minute pipeline job spent minutes here on a transient cycle)."""
+    ranks = list(toks)
+    codes: dict[str, int] = {}
+    seqs = [np.fromiter((codes.setdefault(x, len(codes)) for x in toks[r]), np.int64, len(toks[r])) for r in ranks]
+    shortest = min(len(t) for t in seqs)
+    best_rep, found = -1, set()
+    for p in range(1, min(MAX_PERIOD, shortest) + 1):
+        n_o = shortest - p                       # o in [0, shortest - p): every member has o + p < n
+        if n_o <= 0:
+            continue
+        o = np.arange(n_o, dtype=np.int64)
+        ok = np.ones(n_o, dtype=bool)
+        any_left, any_kept = np.zeros(n_o, dtype=bool), np.zeros(n_o, dtype=bool)
+        rep = np.zeros(n_o, dtype=np.int64)
+        mask = np.zeros(n_o, dtype=np.int64)
+        for bit, (r, t) in enumerate(zip(ranks, seqs)):
+            n = len(t)
+            pos = np.arange(p, n, dtype=np.int64)
+            bad_at = np.where(t[p:] != t[:-p], pos, n)
+            next_bad = np.minimum.accumulate(bad_at[::-1])[::-1]       # next mismatch at or after p + i
+            fb = next_bad[o]                                          # position o + p is index o
+            kept = fb == n
+            left = ~kept & np.isin(fb, at[r])
+            ok &= kept | left
+            any_left |= left
+            any_kept |= kept
+            rep += np.where(kept, n - o - p, fb - o - p)
+            mask |= left.astype(np.int64) << bit
+        ok &= any_left & any_kept
+        if not ok.any():
+            continue
+        top = int(rep[ok].max())
+        if top < best_rep:
+            continue
+        if top > best_rep:
+            best_rep, found = top, set()
+        sel = ok & (rep == top)
+        found |= {(int(m), p, int(oo)) for m, oo in zip(mask[sel], o[sel])}
+    if not found or len({m for m, _, _ in found}) != 1:
+        return None
+    m, p, o0 = min(found, key=lambda x: (x[1], x[2]))
+    return frozenset(r for bit, r in enumerate(ranks) if m >> bit & 1), p, o0
 
 
 def call_text(op: str, peer: int, group: str) -> str:
