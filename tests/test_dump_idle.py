@@ -1,4 +1,4 @@
-"""How long each rank sat outside any collective before its Flight Recorder dump (hang/dump_idle.py).
+"""How long each rank sat outside any collective before its Flight Recorder dump (index/dump_gaps.py, hang/dump_idle.py).
 
 Two gloo jobs of the random-program benchmark (seed 20261210), their dumps as the tracer wrote them and
 the times the files were written (`dump_times.json`: a clone does not keep file times). Both read "OK" before

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from ncclscope.findings import Finding, Severity
-from ncclscope.hang.dump_idle import idle_before_dump, p2p_unrecorded
+from ncclscope.index.dump_gaps import p2p_unrecorded
 from ncclscope.index.labels import rank_label
 
 
@@ -38,8 +38,7 @@ def death_first(ix: Any, roots: list[Finding], context: list[Finding]) -> tuple[
     st = ix.rank_states                       # indexed by rank
     if not all(r in st.index and str(st.at[r, "state"]) == "missing" for r in dead.ranks):
         return roots, context
-    present = [int(r) for r in ix.trace.present_ranks]
-    idle = idle_before_dump(ix, present)      # None unless the ops carry their timeouts
+    idle = ix.dump_gaps                       # None unless the ops carry their timeouts
     if idle is None:
         return roots, context
     tmo = ix.trace.ops["timeout_ms"]

@@ -11,7 +11,7 @@ sentence says that this is a convention, not evidence.
 
 One thing in a Flight Recorder dump does order them: its file time. Where some
 of the tied ranks were dumped right after their last op, before every other
-tied rank's dump, and the others sat idle before theirs (dump_idle.py), while
+tied rank's dump, and the others sat idle before theirs (index/dump_gaps.py), while
 a waiter went on to post what none of them did, the ones dumped first ended
 at a point the program goes on from: they left it before its end (their loop
 ran out, or they returned early), and the idle ones waited on them in
@@ -32,7 +32,6 @@ from __future__ import annotations
 import pandas as pd
 
 from ncclscope.findings import Finding
-from ncclscope.hang.dump_idle import idle_before_dump
 from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, duration, last_op_evidence, payload, sort_key,
                                     waiter_evidence, waiting_summary, wanted_desc)
 from ncclscope.index.labels import rank_label
@@ -102,8 +101,7 @@ def ended_first(ctx: WaitContext, stopped: list[int], waiters: set[int]
     waiter went on past that point. None otherwise (no waiter, no dump times, no such split)."""
     if not waiters:
         return None
-    present = [r for r, info in ctx.trace.ranks.items() if info.present]
-    idle = idle_before_dump(ctx.ix, present)
+    idle = ctx.ix.dump_gaps
     if idle is None or not set(stopped) <= set(idle.index):
         return None
     sub = idle.loc[stopped]

@@ -27,7 +27,8 @@ from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label
 from ncclscope.hang.group_order import in_group_creation
 from ncclscope.hang.behind import left_behind
-from ncclscope.hang.dump_idle import PACE_FACTOR, PACE_MIN_OPS, ended_early, idle_before_dump, p2p_unrecorded
+from ncclscope.hang.dump_idle import ended_early
+from ncclscope.index.dump_gaps import PACE_FACTOR, PACE_MIN_OPS, p2p_unrecorded
 from ncclscope.hang.outlived import outlived_roots
 from ncclscope.hang.history_ties import resolve_by_history
 from ncclscope.hang.wording import duration
@@ -84,7 +85,7 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         empty = [r for r in present if r not in seen]
         if empty:
             return [_empty_dumps(ix, present, empty)]
-    idle = None if unused else idle_before_dump(ix, present)
+    idle = None if unused else ix.dump_gaps
     if not unused and (idle is None or not idle["idle"].any()):
         return []
     split = _split(ix, idle, present)

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Union
 import numpy as np
 import pandas as pd
 
+from ncclscope.index.dump_gaps import dump_gaps
 from ncclscope.index.instances import collective_ops, instance_table, max_seq_table, member_table, missing_participants
 from ncclscope.index.labels import fmt_ranks, group_label, trace_start_ns
 from ncclscope.index.membership import GroupInfo, group_view_table, recorded_groups, used_groups
@@ -259,6 +260,12 @@ class TraceIndex:
         return out
 
     # ---- ranks ---------------------------------------------------------------
+    @cached_property
+    def dump_gaps(self) -> pd.DataFrame | None:
+        """Flight Recorder dumps: per present rank, how long it sat outside any collective before its dump
+        (index/dump_gaps.py); None when the dumps cannot say it for every rank. Three questions read it."""
+        return dump_gaps(self)
+
     @cached_property
     def end(self) -> EndStates:
         """Blocking ops, computing spans and rank states at the end of the trace."""
