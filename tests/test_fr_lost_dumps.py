@@ -63,6 +63,19 @@ def test_a_survivor_whose_own_loop_jumped_ahead_where_its_partner_died_without_a
     assert "skipped all_gather" in a.verdict and ".py:42" in a.verdict, a.verdict
     assert "then rank 1 left no Flight Recorder dump" in a.verdict, a.verdict
 
+def test_a_line_that_issues_two_calls_is_compared_call_by_call(tmp_path) -> None:
+    """Seed 20261220 #113 (unseen): 8 ranks on a 2 x 4 mesh, no step marks. Each iteration calls
+    all_gather_object on the row group, which issues two all_gathers from that one line (the sizes, then the
+    bytes). Rank 3 skipped a row all_gather in iteration 1, gloo aborted it and it left no dump; its row
+    partner, rank 7, holds the group's only record. Read one call per iteration, rank 7's bytes all_gather
+    was "another iteration" of its sizes ones and called a size deviation: MISMATCH on rank 7, innocent.
+    Read call by call (the line always issues two), nothing rank 7 did deviates: the dead rank is the root."""
+    a = run(load_flight_recorder(timed_dumps("rp20261220_113_skip_fr", tmp_path)))
+    h = a.headline
+    assert h is not None and (h.kind, h.ranks) == ("dead_rank", [3]), a.verdict
+    assert "MISMATCH" not in a.verdict, a.verdict
+
+
 def test_a_group_every_dumped_rank_used_takes_back_the_rank_that_left_no_dump(tmp_path) -> None:
     """#59: a 1-d mesh of 5 ranks built with new_group; rank 1 calls os._exit in step 5's compute. Group "1"
     was rebuilt from the ranks that used it, 0 and 2-4, so ranks 2 and 4 waiting in its broadcast #22 seemed

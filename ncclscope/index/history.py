@@ -77,20 +77,39 @@ def _reference_pool(coll: pd.DataFrame, x: pd.DataFrame, kinds: dict[str, str]) 
     # A call outside any marked step (a plain script marks none), or from a line whose every call falls in
     # one step (a loop with no optimizer step in it: the tracer's step never advances), is its own
     # iteration: the n-th call from its line on its group, numbered below -1 so it never meets a step's.
-    # One statement that issues several different collectives (DDP's constructor: an all_gather and
-    # broadcasts, all from the user's one line) is one call, not iterations: a run of calls from one line with
-    # no other line's call between them, of more than one op, is one such iteration, its calls in order.
+    # One statement that issues several collectives (DDP's constructor: an all_gather and broadcasts, all
+    # from the user's one line; all_gather_object: an all_gather of the sizes, then one of the bytes) is one
+    # call, not iterations: a run of calls from one line with no other line's call between them is one such
+    # iteration, its calls in order, where the run mixes ops or the line always runs so (`_statement_lines`).
     by_site = pool.groupby(["rank", "process_group", "call_site"], sort=False)
     nth = by_site.cumcount().to_numpy()
     mixed = (pool.groupby("run", sort=False)["op_name"].transform("nunique") > 1).to_numpy()
+    statement = mixed | _statement_lines(pool)
     nth_run = pool.groupby(["rank", "process_group", "call_site"], sort=False)["run"].rank(method="dense")
-    nth = np.where(mixed, nth_run.to_numpy(dtype=np.int64) - 1 + (1 << 40), nth)   # its own numbering
+    nth = np.where(statement, nth_run.to_numpy(dtype=np.int64) - 1 + (1 << 40), nth)   # its own numbering
     one_step = (by_site["step"].transform("nunique") == 1).to_numpy()
     step = pool["step"].to_numpy()
     pool["step"] = np.where((step >= 0) & ~one_step, step, -2 - nth)
     pool = pool.sort_values(["rank", "process_group", "call_site", "step", "collective_seq_id"], kind="stable")
     pool["ord"] = pool.groupby(["rank", "process_group", "call_site", "step"], sort=False).cumcount()
     return pool, x.drop(columns="step").merge(pool[["rank", "op_id", "ord", "kind", "step"]], on=["rank", "op_id"])
+
+
+def _statement_lines(pool: pd.DataFrame) -> np.ndarray:
+    """Per row of `pool`: its line issues several calls on its group each time it runs. Every run of the line
+    (`_statement_runs`) but the last, which a hang may cut short, holds more than one call on the group, and
+    there are two runs or more. Read as iterations, the bytes all_gather of an all_gather_object is compared
+    with the sizes ones of the other runs and called a size deviation (seed 20261220 #113: the innocent
+    partner of a rank that died without a dump was named); a line whose runs are single calls but one (an
+    extra call in one iteration) keeps each call its own iteration, so the extra one is still compared."""
+    keys = ["rank", "process_group", "call_site"]
+    if not len(pool):
+        return np.zeros(0, dtype=bool)
+    n = pool.groupby(keys + ["run"], sort=False, observed=True)["op_id"].transform("size")
+    by_line = pool.groupby(keys, sort=False, observed=True)["run"]
+    last = pool["run"] == by_line.transform("max")
+    short = pool.assign(short=(n < 2) & ~last).groupby(keys, sort=False, observed=True)["short"].transform("sum")
+    return ((short == 0) & (by_line.transform("nunique") >= 2)).to_numpy()
 
 
 def _statement_runs(coll: pd.DataFrame) -> np.ndarray:
