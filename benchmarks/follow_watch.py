@@ -9,7 +9,8 @@ the appended batches), the one verdict composer on the extended trace, then the 
 (`tui.follow.hold_premature_hang`). A poll whose live headline is a hang or mismatch verdict (ALARMS) is a
 false verdict: it is printed with its poll number and the live note; with `--keep DIR` the trace that poll
 read is pickled there (`LAYOUT-pollN.pkl`: `pickle.load` it and call `hold_premature_hang(compose(trace),
-trace)` to reproduce). When the watch ends the job is stopped (its process group gets SIGTERM, then
+trace)` to reproduce); with `--keep-slow S` also the trace of every poll slower than S seconds
+(`LAYOUT-slow-pollN.pkl`: a slow poll froze the live view for that long). When the watch ends the job is stopped (its process group gets SIGTERM, then
 SIGKILL; also when the watcher itself gets SIGTERM) and the totals are printed: polls, false verdicts, the
 worst poll time.
 
