@@ -10,9 +10,9 @@ the appended batches), the one verdict composer on the extended trace, then the 
 false verdict: it is printed with its poll number and the live note; with `--keep DIR` the trace that poll
 read is pickled there (`LAYOUT-pollN.pkl`: `pickle.load` it and call `hold_premature_hang(compose(trace),
 trace)` to reproduce); with `--keep-slow S` also the trace of every poll slower than S seconds
-(`LAYOUT-slow-pollN.pkl`: a slow poll froze the live view for that long). When the watch ends the job is stopped (its process group gets SIGTERM, then
-SIGKILL; also when the watcher itself gets SIGTERM) and the totals are printed: polls, false verdicts, the
-worst poll time.
+(`LAYOUT-slow-pollN.pkl`: a slow poll froze the live view for that long). When the watch ends the job is
+stopped (its process group gets SIGTERM, then SIGKILL; also when the watcher itself gets SIGTERM) and the
+totals are printed: polls, false verdicts, the worst poll time.
 
 Exit 0 when no poll gave a false verdict, 1 otherwise. Every job has a hard deadline: it cannot hang.
 """
@@ -60,6 +60,7 @@ def _stop(proc: subprocess.Popen) -> None:
 def _keep_trace(trace: object, path: Path) -> None:
     """Pickle the trace a poll read, without the index the analysis cached on it (the index refers back to its
     trace weakly, and a weak reference cannot be pickled: the replay builds a fresh one)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
     state = dict(vars(trace))
     state.pop("_ncclscope_index", None)
     bare = object.__new__(type(trace))
@@ -102,7 +103,6 @@ def watch(layout: str, seconds: float, poll_s: float, out: Path, keep: Path | No
                         false.append(f"{layout} poll {polls}: {analysis.verdict[:160]} ({note or 'no hold'})")
                         print("  FALSE " + false[-1], file=sys.stderr, flush=True)
                         if keep is not None:
-                            keep.mkdir(parents=True, exist_ok=True)
                             _keep_trace(trace, keep / f"{layout}-poll{polls}.pkl")
             except Exception as exc:  # a torn read: the next poll reads the whole batch
                 print(f"  poll error: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -111,7 +111,6 @@ def watch(layout: str, seconds: float, poll_s: float, out: Path, keep: Path | No
             if keep is not None and keep_slow is not None and dt > keep_slow and polls:
                 # a slow poll is a defect of its own (the live view froze): keep what it read to replay it
                 print(f"  SLOW {layout} poll {polls}: {dt:.1f} s", file=sys.stderr, flush=True)
-                keep.mkdir(parents=True, exist_ok=True)
                 _keep_trace(trace, keep / f"{layout}-slow-poll{polls}.pkl")
             time.sleep(max(0.0, poll_s - dt))
     finally:
@@ -141,8 +140,8 @@ def main() -> int:
                 print(f"follow_watch: unknown layout {layout!r} (choose from {', '.join(LAYOUTS)})",
                       file=sys.stderr)
                 return 2
-            polls, false, worst, watched, ended = watch(layout, seconds, args.poll_s, Path(tmp) / layout, args.keep,
-                                                        args.keep_slow)
+            polls, false, worst, watched, ended = watch(layout, seconds, args.poll_s, Path(tmp) / layout,
+                                                        args.keep, args.keep_slow)
             print(f"{layout:8s} polls {polls:4d}  false verdicts {len(false):3d}  slowest poll {worst:.2f} s  "
                   f"watched {watched:.0f} s" + ("  (the job ended first)" if ended else ""), flush=True)
             total_polls += polls

@@ -1,4 +1,5 @@
-"""How long each rank sat outside any collective before its Flight Recorder dump (index/dump_gaps.py, hang/dump_idle.py).
+"""How long each rank sat outside any collective before its Flight Recorder dump (index/dump_gaps.py,
+hang/dump_idle.py).
 
 Two gloo jobs of the random-program benchmark (seed 20261210), their dumps as the tracer wrote them and
 the times the files were written (`dump_times.json`: a clone does not keep file times). Both read "OK" before
@@ -158,5 +159,6 @@ def test_tied_ranks_ordered_by_their_dump_times_where_a_waiter_went_past_them(tm
     assert h is not None and (h.kind, h.ranks) == ("hang", [1]), a.verdict
     assert "rank 1 ended right after its last op" in a.verdict and "left it before its end" in a.verdict, a.verdict
     assert not h.json_data().get("ambiguous"), h.json_data()
-    a = run(load_flight_recorder(_dumps("rp20261219_282_uneven_loop_fr", tmp_path / "same", {r: 1.0 for r in range(4)})))
+    same = {r: 1.0 for r in range(4)}
+    a = run(load_flight_recorder(_dumps("rp20261219_282_uneven_loop_fr", tmp_path / "same", same)))
     assert a.headline is not None and a.headline.ranks == [0] and "the lowest rank is named" in a.verdict, a.verdict
