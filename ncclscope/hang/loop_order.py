@@ -166,6 +166,43 @@ def loop_leavers(ctx: WaitContext, tied: pd.DataFrame) -> pd.DataFrame:
     return cand.iloc[keep].drop(columns=["target_group", "target_op"]).assign(loop=True)
 
 
+def since_last_says(ctx: WaitContext, e: Any) -> bool | None:
+    """Has target `e.target` not yet reached the instance `g #k` (e.process_group, e.seq), by the calls the
+    instance's posters made since the instance before it? For a call the target's loop never issued before
+    (DDP's bucket-order broadcast of the second iteration, a one-off barrier), its own history cannot
+    place it (`loop_says` None); its peers can. The target posted g #k-1 and is blocked in one collective
+    from some statement (op and call site). When most of the posters of g #k issued that statement (each
+    on its own group for it) between their g #k-1 and g #k at least as many times as the target has since
+    its g #k-1 (the blocked call included), the statement comes before g #k, and a target still in it has
+    simply not got there: False. (Most, not all: the rank that left the statement out is often a poster.
+    At least as many, not just once: a statement that also runs after g #k, an inner loop, would have the
+    target past it.) Counted from g #k-1, not from the start, so dumps whose ring buffers begin at
+    different calls are read alike. None where the posters say nothing."""
+    b = ctx.blocking
+    tb = b[(b["rank"] == e.target).to_numpy() & (b["kind"] == S.KIND_COLLECTIVE).to_numpy()]
+    k = int(e.seq)
+    if len(tb) != 1 or k < 2:
+        return None
+    site, op = str(tb["call_site"].iloc[0]), str(tb["op_name"].iloc[0])
+    if not site:
+        return None
+    coll = ctx.coll
+    on_g = coll[(coll["process_group"] == e.process_group).to_numpy()
+                & coll["collective_seq_id"].isin([k - 1, k]).to_numpy()]
+    prev = dict(zip(on_g.loc[on_g["collective_seq_id"] == k - 1, "rank"].astype(int),
+                    on_g.loc[on_g["collective_seq_id"] == k - 1, "start_ns"].astype(np.int64)))
+    cur = dict(zip(on_g.loc[on_g["collective_seq_id"] == k, "rank"].astype(int),
+                   on_g.loc[on_g["collective_seq_id"] == k, "start_ns"].astype(np.int64)))
+    posters = [r for r in cur if r in prev and r != int(e.target)]
+    if int(e.target) not in prev or not posters:
+        return None
+    y = coll[(coll["op_name"].astype(str) == op).to_numpy() & (coll["call_site"].astype(str) == site).to_numpy()]
+    rank, start = y["rank"].astype(int).to_numpy(), y["start_ns"].astype(np.int64).to_numpy()
+    n_target = int(((rank == int(e.target)) & (start > prev[int(e.target)])).sum())
+    n = [int(((rank == r) & (start > prev[r]) & (start < cur[r])).sum()) for r in posters]
+    return False if 2 * sum(0 < n_target <= m for m in n) > len(posters) else None
+
+
 def loop_says(ctx: WaitContext, e: Any) -> bool | None:
     """Did target `e.target` pass the instance (e.process_group #e.seq) that `e.waiter` waits in, by its own loop?
     (loop_order.passed_in_loop; the call site is the waiter's for that instance.)"""
@@ -186,13 +223,18 @@ def loop_says(ctx: WaitContext, e: Any) -> bool | None:
 
 
 def not_reached(ctx: WaitContext, edges: pd.DataFrame) -> np.ndarray:
-    """Per edge: the target has not reached the instance in its own loop (`loop_says` is False). Asked once
-    per instance and target, not per waiter: a world barrier has thousands of waiters on one absent rank."""
+    """Per edge: the target has not reached the instance in its own loop (`loop_says` is False), or, where
+    its own loop cannot say, by its peers' calls since the instance before it (`since_last_says` is False).
+    Asked once per instance and target, not per waiter: a world barrier has thousands of waiters on one
+    absent rank."""
     if not len(edges):
         return np.zeros(0, dtype=bool)
     key = ["target", "process_group", "seq"]
     first = edges.drop_duplicates(key)
-    said = {(e.target, e.process_group, e.seq): loop_says(ctx, e) is False for e in first.itertuples(index=False)}
+    said = {}
+    for e in first.itertuples(index=False):
+        own = loop_says(ctx, e)
+        said[(e.target, e.process_group, e.seq)] = own is False or (own is None and since_last_says(ctx, e) is False)
     return np.fromiter((said[k] for k in zip(edges["target"], edges["process_group"], edges["seq"])),
                        dtype=bool, count=len(edges))
 
