@@ -41,6 +41,7 @@ from ncclscope.hang.loop_departures import (cycle_leavers, finished_by_leavers, 
                                            site_of)
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label, seconds
+from ncclscope.hang.lone_posters import lone_posters
 from ncclscope.hang.loop_order import loop_leavers, loop_passers, looped, not_reached, p2p_passers
 from ncclscope.index.wait_edges import WaitEdges
 from ncclscope.index.waitgraph import WaitGraph, wait_graph
@@ -105,6 +106,10 @@ def _classify(ctx: WaitContext, graph: WaitGraph) -> tuple[list[Finding], list[l
         if left is not None:
             endpoints["finished"].remove(item)
             departed.append(left)
+    lone = lone_posters(ctx, endpoints.get("finished", []))
+    if lone is not None:      # most of a group finished; the few waiting in one call more are the root
+        endpoints["finished"] = [it for it in endpoints["finished"] if it[0] not in lone[2]]
+        findings.append(lone[:2])
     for role, items in endpoints.items():
         if not items:
             continue
