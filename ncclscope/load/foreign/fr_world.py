@@ -100,26 +100,41 @@ def group_floors(ents: Entries) -> dict[str, int]:
 
 def family_floor(ents: Entries, widths: dict[str, int]) -> int:
     """The most ranks one mesh dimension's groups imply (module docstring): over every run of two or more
-    consecutively created groups ("1", "2", ...; not the default group "0") of one width in `widths` whose
-    users are disjoint, the run's length x that width; 0 where there is none."""
-    if not widths or not getattr(ents, "n", 0):
+    consecutively created groups ("1", "2", ...; not the default group "0") of one width whose users are
+    disjoint, the run's length x that width; 0 where there is none. A group's width is its shapes' (`widths`),
+    else, for a DeviceMesh dimension's group (description "mesh_<dim>"), the one number of users that every
+    group of that description with two users or more has (none where they differ: two meshes may name a
+    dimension alike): a dimension's groups are of one size, so one rank of a pair dumping while its partner
+    left none still makes a group of two (seed 20261221 #151: mesh_inner groups "3" {0,1} and "4" {2}, a
+    world read as 3 ranks; rank 3 aborted without a dump and the dumps read OK). A run of fallback widths
+    keeps to one description, so two dimensions of one size are not read as one."""
+    if not getattr(ents, "n", 0):
         return 0
     n_pg = max(len(ents.pg_names), 1)
     pairs = ents.rank_pg_pairs()[0]                 # one (rank, group) per use
     users: dict[str, set[int]] = {}
     for r, pg in zip((pairs // n_pg).tolist(), (pairs % n_pg).tolist()):
         users.setdefault(str(ents.pg_names[pg]), set()).add(int(r))
-    named = sorted((int(n), n) for n in widths if n.isdigit() and n != "0" and n in users)
-    best, run, taken, prev, width = 0, 0, set(), -2, 0
+    descs = {name: str(d) for name, d in zip(map(str, ents.pg_names), _descs_of(ents))}
+    sizes: dict[str, set[int]] = {}
+    for name, u in users.items():
+        if descs.get(name, "").startswith("mesh_") and len(u) >= 2:
+            sizes.setdefault(descs[name], set()).add(len(u))
+    # one size among the groups with two users or more, else the description is not one dimension's
+    mesh_w = {d: next(iter(n)) for d, n in sizes.items() if len(n) == 1}
+    kin = {n: ("" if n in widths else descs.get(n, "")) for n in users}     # "": its own shapes' width
+    width_of = {n: widths.get(n) or mesh_w.get(kin[n], 0) for n in users}
+    named = sorted((int(n), n) for n in users if n.isdigit() and n != "0" and width_of[n] >= 2)
+    best, run, taken, prev, width, family = 0, 0, set(), -2, 0, ""
     for num, name in named:
-        w, u = widths[name], users[name]
+        w, u = width_of[name], users[name]
         if len(u) > w:                      # more users than its shapes allow: no mesh to read
             run, taken = 0, set()
-        elif run and num == prev + 1 and w == width and not u & taken:
+        elif run and num == prev + 1 and w == width and kin[name] == family and not u & taken:
             run += 1
             taken |= u
         else:
-            run, taken, width = 1, set(u), w
+            run, taken, width, family = 1, set(u), w, kin[name]
         prev = num
         if run >= 2:
             best = max(best, run * width)
