@@ -14,10 +14,10 @@ from pathlib import Path
 DATA = Path(__file__).parent / "data" / "randprog"
 
 
-def timed_dumps(name: str, tmp_path: Path, gap_s: dict[int, float] | None = None) -> Path:
-    """The fixture's dumps in a fresh directory, each file timed as written, or `gap_s[rank]` seconds after
-    its last entry was created."""
-    src, dst = DATA / name, tmp_path / name
+def timed_dumps(name: str, tmp_path: Path, gap_s: dict[int, float] | None = None, data: Path = DATA) -> Path:
+    """The fixture's dumps (`data / name`) in a fresh directory, each file timed as written, or `gap_s[rank]`
+    seconds after its last entry was created."""
+    src, dst = data / name, tmp_path / name
     dst.mkdir(parents=True)
     times = json.loads((src / "dump_times.json").read_text())
     for f in sorted(src.glob("nccl_trace_rank_*")):

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import pandas as pd
 
+from ncclscope import schema as S
 from ncclscope.findings import Cause, Evidence, Finding, InstanceRef, WaitSummary, WrongCall
 from ncclscope.index.views import IndexLike, TraceIndex, as_index
 from ncclscope.hang.group_order import creation_order_findings
@@ -78,7 +79,8 @@ def with_partner_deaths(ix: TraceIndex, f: Finding) -> Finding:
     among those members at or after the wrong call is its consequence (diagnose.explains). "Alive at the
     call": the rank's last record (event or heartbeat) is at most DEATH_SLACK_NS before it, since a rank
     blocked in a collective writes nothing until it dies; a rank with no record at all counts only when
-    it died of SIGABRT (gloo's abort), since nothing else says when it died."""
+    it died of SIGABRT (gloo's abort), or, with no file of its own (a rank that left no Flight Recorder dump),
+    where its peers' records say when it was last alive (`_alive_with_peers`)."""
     wrong = f.cause.wrong
     t = wrong.ns if wrong is not None else None
     if t is None or t < 0:
@@ -91,11 +93,24 @@ def with_partner_deaths(ix: TraceIndex, f: Finding) -> Finding:
     for r in cand:
         last = max(int(st.at[r, "last_event_ns"]), int(st.at[r, "last_hb_ns"]) if pd.notna(st.at[r, "last_hb_ns"])
                    else -1)
+        if last < 0 and str(st.at[r, "state"]) == "missing":
+            last = _alive_with_peers(ix, int(r))
         if (last >= 0 and last + DEATH_SLACK_NS >= t) or (last < 0 and str(st.at[r, "signal"]) == "SIGABRT"):
             deaths.append(int(r))
     if not deaths:
         return f
     return replace(f, cause=replace(f.cause, partner_deaths=tuple(deaths)))
+
+
+def _alive_with_peers(ix: TraceIndex, rank: int) -> int:
+    """When a rank with no records of its own was last alive, by its peers' records: the latest start of a
+    collective its peers completed on a group it belongs to (no member returns from a collective its other
+    members did not enter); -1 where none."""
+    coll = ix.coll
+    groups = [g for g, ms in ix.members.items() if rank in ms]
+    done = coll[coll["process_group"].isin(groups).to_numpy() & (coll["rank"] != rank).to_numpy()
+                & (coll["status"].astype(str) == S.STATUS_OK).to_numpy()]
+    return int(done["start_ns"].max()) if len(done) else -1
 
 
 def check_group_views(source: IndexLike, max_findings: int = 16) -> tuple[list[Finding], pd.DataFrame]:
