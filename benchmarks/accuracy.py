@@ -3,6 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/accuracy.py                 # the full seeded matrix
     OMP_NUM_THREADS=1 python benchmarks/accuracy.py --limit 12      # the first 12 drills only
     OMP_NUM_THREADS=1 python benchmarks/accuracy.py --seed 7 --out /tmp/acc
+    OMP_NUM_THREADS=1 python benchmarks/accuracy.py --random-layouts 30 --healthy 6 --seed 11   # drawn layouts
     python benchmarks/accuracy.py --reanalyze /tmp/acc                  # judge kept run dirs again, no jobs
 
 A seeded matrix of real jobs: every `--inject` kind that applies to a layout x
@@ -15,6 +16,13 @@ zygote of tests/test_drills_e2e.py, so torch is imported once) and is judged by
 - culprit: the headline's root ranks are exactly the injected rank;
 - cause: the headline's kind is the one the fault kind must produce;
 - false positive: a healthy run with any warning or error, or exit code != 0.
+
+`--random-layouts N` replaces the fixed layouts with N drawn ones (`random_matrix`:
+world 2, 4 or 8 spread at random over tp, pp, cp and dp, with expert parallelism,
+ZeRO, the pipeline schedule, virtual stages, microbatches and the batch drawn
+too; every draw is checked by the runtime's own `RunConfig.validate` and
+`check_specs`), one drill of a random applicable kind on each, so the sweep
+meets layouts no rule was shaped on.
 
 It prints one row per drill and a table per kind and per layout. Every job has a
 hard timeout (the zygote kills its whole session), so the sweep cannot hang.
@@ -129,6 +137,78 @@ def matrix(seed: int, healthy: int) -> list[Case]:
     return cases
 
 
+def random_layout(rng: random.Random) -> Layout:
+    """A layout drawn at random: world 2, 4 or 8, its factors of 2 spread over tp, pp, cp and dp; expert
+    parallelism (ep 2, where dp is even and there is no cp), ZeRO 1-2, the schedule, virtual stages and
+    microbatches of a pipeline, and the global batch drawn as well."""
+    world = rng.choice((2, 4, 4, 4, 8))
+    deg = {"tp": 1, "pp": 1, "cp": 1, "dp": 1}
+    for _ in range(world.bit_length() - 1):
+        deg[rng.choice(tuple(deg))] *= 2
+    argv: list[str] = []
+    name: list[str] = []
+    for dim in ("tp", "pp", "cp", "dp"):
+        if deg[dim] > 1:
+            argv += [f"--{dim}", str(deg[dim])]
+            name.append(f"{dim}{deg[dim]}")
+    if deg["tp"] > 2:
+        argv += ["--n-head", str(deg["tp"])]
+    mb = 1
+    if deg["pp"] > 1:
+        schedule = rng.choice(("gpipe", "1f1b", "interleaved"))
+        mb = deg["pp"] * rng.choice((1, 2)) if schedule == "interleaved" else rng.choice((1, 2, 4))
+        argv += ["--schedule", schedule, "--microbatches", str(mb)]
+        name += [schedule, f"mb{mb}"]
+        if schedule == "interleaved":
+            argv += ["--vpp", "2"]
+    if deg["dp"] % 2 == 0 and deg["cp"] == 1 and rng.random() < 0.3:
+        argv += ["--ep", "2"]
+        name.append("ep2")
+    if deg["dp"] > 1 and rng.random() < 0.3:
+        zero = rng.choice((1, 2))
+        argv += ["--zero", str(zero)]
+        name.append(f"zero{zero}")
+    argv += ["--batch-size", str(deg["dp"] * mb * rng.choice((1, 2)))]
+    return Layout("-".join(name), tuple(argv), world, pp=deg["pp"], dp=deg["dp"])
+
+
+def _valid(argv: tuple[str, ...]) -> bool:
+    """The runtime's own checks (`RunConfig.validate`, the drills' `check_specs`) accept `argv`."""
+    from ncclscope.runtime.config import ConfigError, add_arguments, from_args
+    from ncclscope.runtime.faults import FaultSpecError
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    try:
+        from_args(p.parse_args(list(argv)))
+    except (ConfigError, FaultSpecError):
+        return False
+    return True
+
+
+def random_matrix(seed: int, n: int, healthy: int) -> list[Case]:
+    """`n` drills, each on its own drawn layout (`random_layout`) with a random applicable fault kind,
+    culprit rank and step (redrawn until the runtime accepts it), then `healthy` healthy runs on drawn
+    layouts."""
+    rng = random.Random(seed)
+    cases: list[Case] = []
+    while len(cases) < n:
+        lay = random_layout(rng)
+        kind = rng.choice([k for k in CAUSE if applies(k, lay)])
+        rank = rng.randrange(lay.world - lay.world // lay.pp if kind == "p2p_order" else lay.world)
+        step = rng.randrange(1, STEPS - 1)
+        extra = ("--steps", "6") if kind == "slow" else ("--steps", str(STEPS))
+        argv = (*lay.argv, *extra, "--timeout-s", "3", "--inject", spec(kind, rank, step, lay))
+        if _valid(argv):
+            cases.append(Case(f"{kind}-{lay.name}-r{rank}-{len(cases)}", lay, kind, rank, argv))
+    while healthy > 0:
+        lay = random_layout(rng)
+        argv = (*lay.argv, "--steps", "3")
+        if _valid(argv):
+            cases.append(Case(f"healthy-{lay.name}-{healthy}", lay, "healthy", -1, argv))
+            healthy -= 1
+    return cases
+
+
 def judge(case: Case, report: dict) -> tuple[bool, bool, bool, str]:
     """(culprit ok, cause ok, false positive, headline text)."""
     findings = report.get("findings", [])
@@ -167,7 +247,7 @@ def summarize(rows: list, seconds: float) -> None:
         if sel:
             print(f"{kind:14s} {len(sel):6d} {sum(r[1] for r in sel):8d} {sum(r[2] for r in sel):6d}")
     print(f"\n{'layout':18s} {'drills':>6s} {'culprit':>8s} {'cause':>6s} {'healthy FP':>10s}")
-    for lay in LAYOUTS:
+    for lay in dict.fromkeys(r[0].layout for r in rows):
         sel = [r for r in faults if r[0].layout is lay]
         hs = [r for r in healthy if r[0].layout is lay]
         if sel or hs:
@@ -206,11 +286,14 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=0, help="run only the first N cases")
     ap.add_argument("--kinds", default="", help="comma-separated fault kinds to keep (and healthy)")
     ap.add_argument("--out", default="", help="keep the run directories here")
+    ap.add_argument("--random-layouts", type=int, default=0, metavar="N",
+                    help="N drills on drawn layouts (random_matrix) instead of the fixed matrix")
     ap.add_argument("--reanalyze", default="", metavar="DIR",
                     help="judge the run directories kept under DIR (a sweep's --out) again, without running jobs")
     ns = ap.parse_args()
 
-    cases = matrix(ns.seed, ns.healthy)
+    cases = random_matrix(ns.seed, ns.random_layouts, ns.healthy) if ns.random_layouts else \
+        matrix(ns.seed, ns.healthy)
     if ns.kinds:
         keep = set(ns.kinds.split(",")) | {"healthy"}
         cases = [c for c in cases if c.kind in keep]

@@ -408,10 +408,10 @@ def _wrong_group_finding(ix: TraceIndex, g: str, k: int, sub: pd.DataFrame, inst
                        if str(r.status) != "ok" and duration(wait_since(ix.end_ns, pd.Series([r.start_ns]))) else ""),
                     op_name=str(r.op_name), process_group=g, seq=k, op_id=int(r.op_id), time_ns=int(r.start_ns))
            for r in began.head(16).itertuples(index=False)]
+    wait_s = wait_seconds(ix.end_ns, waiting["start_ns"].min()) if len(waiting) else None
     return Finding(kind="wrong_group", severity="error", title=title, ranks=deviants, evidence=ev,
                    instance=InstanceRef(g, k), wait=WaitSummary(waiting_ranks=tuple(int(r) for r in waiting["rank"]),
-                                                                wait_s=wait_seconds(ix.end_ns, waiting["start_ns"].min())
-                                                                if len(waiting) else None),
+                                                                wait_s=wait_s),
                    data={"process_group": g, "seq": k, "call_site": str(row["ref_call_site"]), "step": step},
                    cause=Cause(wrong=WrongCall(h, int(row["wrong_seq"]), int(sub["start_ns"].min()))),
                    layout=WRONG_GROUP_LAYOUT)
