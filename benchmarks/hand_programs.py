@@ -1,0 +1,134 @@
+"""Accuracy on hand-written plain-PyTorch programs (benchmarks/hand_programs/), judged like the random ones.
+
+    OMP_NUM_THREADS=1 python benchmarks/hand_programs.py --out /tmp/hand            # all 21, ~10 min on 2 cores
+    OMP_NUM_THREADS=1 python benchmarks/hand_programs.py --out /tmp/hand --only grad_accum,early_stop
+    python benchmarks/hand_programs.py --rejudge /tmp/hand                          # kept runs, this code
+
+Each program is a script a user might write (DDP with gradient accumulation, FSDP2, DTensor, a DeviceMesh,
+torch.distributed.pipelining, object collectives, a hand-written pipeline, an MoE token exchange...), with
+one bug of a random-program class (`randprog/catalogue.py`) or none, and its truth here (`CASES`: class,
+culprit ranks, world). Its lines carry `# <BUG>` (the line the verdict should name) and `# <ALT>` (other
+acceptable lines: the caller, the `if` that skips, the loop left); the marks are stripped before it runs.
+Each runs under `ncclscope run` with the random programs' own runner (hard deadline, the job's process
+group reaped, the Flight Recorder dumps a plain-torchrun user would have extracted), and both evidence
+sources are scored by their scorer (root, cause, line; healthy: no error and exit 0). A program whose bug
+did not make its job fail is SILENT, not scored. Exit 0 when every scored source is right.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+
+from randprog.catalogue import CATALOGUE, HEALTHY  # noqa: E402
+from randprog.generator import Program, Truth  # noqa: E402
+from randprog.runner import analyze, run_job  # noqa: E402
+import random_programs as rp  # noqa: E402
+
+PROGRAMS = ROOT / "hand_programs"
+# name -> (bug class, culprit ranks, world size)
+CASES: dict[str, tuple[str, list[int], int]] = {
+    "ckpt_rank0": ("extra", [0], 4), "early_stop": ("uneven_loop", [3], 4), "metric_dtype": ("dtype", [1], 4),
+    "grad_accum": ("extra", [2], 4), "gather_object_misuse": ("op_type", [2], 4),
+    "pipe_microbatches": ("uneven_loop", [3], 4), "fsdp2_shape": ("size", [1], 4), "a2a_counts": ("skip", [0], 4),
+    "dtensor_skip": ("skip", [3], 4), "eval_rank0": ("extra", [0], 4), "ring_wrong_src": ("wrong_peer", [2], 4),
+    "slow_loader": ("slow", [2], 4), "fsdp2_skip_backward": ("skip", [0], 4),
+    "dmesh_wrong_dim": ("wrong_group", [1], 4), "uneven_loader": ("uneven_loop", [1], 4),
+    "swallowed_error": ("skip", [2], 4),
+    "healthy_accum": (HEALTHY, [], 4), "healthy_pipe": (HEALTHY, [], 4), "healthy_objects": (HEALTHY, [], 4),
+    "healthy_subgroups": (HEALTHY, [], 4), "healthy_pipelining": (HEALTHY, [], 2),
+}
+# a p2p pipeline whose last stage leaves its loop early also leaves a send unmatched
+KINDS_EXTRA = {"pipe_microbatches": ["unmatched_p2p"]}
+MARK = re.compile(r"  # <(BUG|ALT)>$")
+
+
+def program(name: str) -> Program:
+    """The program with its marks stripped, and its truth (lines from the marks: BUG first)."""
+    bug, culprits, world = CASES[name]
+    text = (PROGRAMS / f"{name}.py").read_text()
+    src, lines, texts = [], [], []
+    for i, line in enumerate(text.split("\n"), 1):
+        m = MARK.search(line)
+        if m:
+            line = line[:m.start()]
+            at = 0 if m.group(1) == "BUG" else len(lines)
+            lines.insert(at, i)
+            texts.insert(at, line.strip())
+        src.append(line)
+    judged = bug != HEALTHY and CATALOGUE[bug].line_judged
+    kinds = list(CATALOGUE[bug].kinds) + KINDS_EXTRA.get(name, []) if bug != HEALTHY else []
+    truth = Truth(name=f"hand_{name}", seed=0, index=0, bug=bug, world=world, culprits=culprits,
+                  accept_roots=[culprits] if culprits else [], accept_kinds=kinds,
+                  lines=lines if judged else [], line_texts=texts if judged else [], step=None,
+                  detail=text.split('"""')[1].split("\n")[0][:90], mesh_shape=[world], mesh_dims=["world"],
+                  mesh_mode="none", steps=0, pg_timeout_s=10.0)
+    return Program(source="\n".join(src), truth=truth, filename=f"hand_{name}.py")
+
+
+def judge_sources(row: dict, prog: Program, work: Path, fresh: bool) -> dict:
+    """Score both evidence sources of one kept job into `row` (n/a where there is nothing to judge)."""
+    t = prog.truth
+    for s in rp.SOURCES:
+        if s == "fr" and (not row["fr_ranks"] or (t.bug != HEALTHY and not CATALOGUE[t.bug].hangs
+                                                   and row.get("all_clean"))):
+            row[s] = rp.not_applicable(s, "no dumps: the job ended cleanly, or no rank dumped")
+            continue
+        rc, rep = analyze(work / s, work / f"{'analyze' if fresh else 'rejudged'}_{s}.json")
+        row[s] = rp.score(t, prog.filename, rc, rep, s, row["fr_left_out"])
+    row["miss"] = rp.is_miss(row)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default="", help="keep every job's directory and results.jsonl here")
+    ap.add_argument("--only", default="", help="comma-separated program names")
+    ap.add_argument("--timeout-s", type=float, default=240.0, help="hard limit per job")
+    ap.add_argument("--rejudge", default="", metavar="OUT", help="analyze the kept jobs under OUT again")
+    ns = ap.parse_args(argv)
+    if ns.rejudge:
+        out = Path(ns.rejudge).resolve()
+        rows = [json.loads(line) for line in open(out / "results.jsonl")]
+    else:
+        import tempfile
+        out = Path(ns.out or tempfile.mkdtemp(prefix="ncclscope-hand-")).resolve()
+        out.mkdir(parents=True, exist_ok=True)
+        rows = [{"name": f"hand_{n}"} for n in CASES if not ns.only or n in ns.only.split(",")]
+    results = []
+    for row in rows:
+        prog = program(row["name"][len("hand_"):])
+        t, work = prog.truth, out / row["name"]
+        if not ns.rejudge:
+            job = run_job(prog, work, ns.timeout_s)
+            row = {"name": t.name, "bug": t.bug, "world": t.world, "culprits": t.culprits, "detail": t.detail,
+                   "lines": t.lines, "took_s": round(job.took_s, 1), "stopped": job.stopped, "exits": job.exits,
+                   "fr_ranks": job.fr_ranks, "fr_left_out": job.fr_left_out, "all_clean": job.all_clean,
+                   "silent": t.bug != HEALTHY and CATALOGUE[t.bug].hangs and job.all_clean,
+                   "healthy_job_failed": t.bug == HEALTHY and not job.all_clean}
+        row = judge_sources(row, prog, work, fresh=not ns.rejudge)
+        results.append(row)
+        print(rp.row_line(row), flush=True)
+    if not ns.rejudge:
+        with open(out / "results.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in results)
+    scored = [r for r in results if not r["silent"] and not r["healthy_job_failed"]]
+    for s in rp.SOURCES:
+        judged = [r[s] for r in scored if not r[s].get("na")]
+        faulty = [r[s] for r in scored if not r[s].get("na") and r["bug"] != HEALTHY]
+        lines = [x["line"] for x in faulty if x.get("line") is not None]
+        print(f"{s}: right {sum(x['right'] for x in judged)}/{len(judged)}, root {sum(x['root'] for x in faulty)}/"
+              f"{len(faulty)}, cause {sum(x['cause'] for x in faulty)}/{len(faulty)}, "
+              f"line {sum(lines)}/{len(lines)}")
+    print(f"not scored: {sum(r['silent'] for r in results)} silent, "
+          f"{sum(r['healthy_job_failed'] for r in results)} healthy jobs that failed; under {out}")
+    return 0 if all(r[s]["right"] for r in scored for s in rp.SOURCES) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
