@@ -177,12 +177,15 @@ def since_last_says(ctx: WaitContext, e: Any) -> bool | None:
     simply not got there: False. (Most, not all: the rank that left the statement out is often a poster.
     At least as many, not just once: a statement that also runs after g #k, an inner loop, would have the
     target past it.) Counted from g #k-1, not from the start, so dumps whose ring buffers begin at
-    different calls are read alike. None where the posters say nothing."""
+    different calls are read alike. None where the posters say nothing, or where the target posted anything
+    after that collective (an async call left open, DDP's all_reduce, while it waits in a later send: seed
+    20261218 #2)."""
     b = ctx.blocking
-    tb = b[(b["rank"] == e.target).to_numpy() & (b["kind"] == S.KIND_COLLECTIVE).to_numpy()]
+    mine = b[(b["rank"] == e.target).to_numpy()]
+    tb = mine[(mine["kind"] == S.KIND_COLLECTIVE).to_numpy()]
     k = int(e.seq)
-    if len(tb) != 1 or k < 2:
-        return None
+    if len(tb) != 1 or k < 2 or (mine["start_ns"] > int(tb["start_ns"].iloc[0])).any():
+        return None          # blocked in a send/recv posted after it: it went on (an async call left open)
     site, op = str(tb["call_site"].iloc[0]), str(tb["op_name"].iloc[0])
     if not site:
         return None
