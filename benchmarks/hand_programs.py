@@ -72,12 +72,13 @@ def program(name: str) -> Program:
 
 
 def judge_sources(row: dict, prog: Program, work: Path, fresh: bool) -> dict:
-    """Score both evidence sources of one kept job into `row` (n/a where there is nothing to judge)."""
+    """Score both evidence sources of one kept job into `row` (the dumps as the random programs score them
+    where there are none to analyze: `random_programs.unjudged_dumps`)."""
     t = prog.truth
     for s in rp.SOURCES:
-        if s == "fr" and (not row["fr_ranks"] or (t.bug != HEALTHY and not CATALOGUE[t.bug].hangs
-                                                   and row.get("all_clean"))):
-            row[s] = rp.not_applicable(s, "no dumps: the job ended cleanly, or no rank dumped")
+        unjudged = rp.unjudged_dumps(t.bug, bool(row.get("all_clean")), row["fr_ranks"]) if s == "fr" else None
+        if unjudged is not None:
+            row[s] = unjudged
             continue
         rc, rep = analyze(work / s, work / f"{'analyze' if fresh else 'rejudged'}_{s}.json")
         row[s] = rp.score(t, prog.filename, rc, rep, s, row["fr_left_out"])

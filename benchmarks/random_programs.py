@@ -196,16 +196,9 @@ def run_one(ns: argparse.Namespace, out: Path, work_root: Path, index: int, bug:
     row["silent"], row["healthy_job_failed"] = silent, failed_healthy
     for src in SOURCES:
         path = work / "run" if src == "run" else work / "fr"
-        if src == "fr" and bug != HEALTHY and not CATALOGUE[bug].hangs and job.all_clean:
-            # torch writes Flight Recorder dumps on a timeout or an error (or when asked): a plain torchrun
-            # user whose job ended cleanly on every rank has none to give (a slow rank, a NaN)
-            row[src] = not_applicable(src, "the job ended cleanly, so torch wrote no dump")
-            continue
-        if src == "fr" and not job.fr_ranks:
-            row[src] = {"source": src, "right": False, "root": False, "cause": False, "line": None,
-                        "kind": "", "ranks": [], "verdict": "(no Flight Recorder dump)", "no_dumps": True}
-            if bug == HEALTHY:
-                row[src]["false_alarm"] = False
+        unjudged = unjudged_dumps(bug, job.all_clean, job.fr_ranks) if src == "fr" else None
+        if unjudged is not None:
+            row[src] = unjudged
             continue
         rc, rep = analyze(path, work / f"analyze_{src}.json", extra=world_args(src, t.world, ns.fr_world_size))
         row[src] = score(t, prog.filename, rc, rep, src, job.fr_left_out)
@@ -217,6 +210,21 @@ def run_one(ns: argparse.Namespace, out: Path, work_root: Path, index: int, bug:
         shutil.copytree(work, dst)
     if not ns.keep_all:
         shutil.rmtree(work, ignore_errors=True)
+    return row
+
+
+def unjudged_dumps(bug: str, all_clean: bool, fr_ranks: list[int]) -> dict | None:
+    """The dumps' score where there is nothing to analyze, else None. torch writes Flight Recorder dumps on a
+    timeout or an error (or when asked): a plain torchrun user whose job ended cleanly on every rank has none
+    to give (a slow rank, a NaN): n/a. A job that hung with no dump at all is scored, and wrong."""
+    if bug != HEALTHY and not CATALOGUE[bug].hangs and all_clean:
+        return not_applicable("fr", "the job ended cleanly, so torch wrote no dump")
+    if fr_ranks:
+        return None
+    row = {"source": "fr", "right": False, "root": False, "cause": False, "line": None,
+           "kind": "", "ranks": [], "verdict": "(no Flight Recorder dump)", "no_dumps": True}
+    if bug == HEALTHY:
+        row["false_alarm"] = False
     return row
 
 

@@ -189,21 +189,24 @@ def since_last_says(ctx: WaitContext, e: Any) -> bool | None:
     site, op = str(tb["call_site"].iloc[0]), str(tb["op_name"].iloc[0])
     if not site:
         return None
-    coll = ctx.coll
+    coll, target = ctx.coll, int(e.target)
     on_g = coll[(coll["process_group"] == e.process_group).to_numpy()
                 & coll["collective_seq_id"].isin([k - 1, k]).to_numpy()]
-    prev = dict(zip(on_g.loc[on_g["collective_seq_id"] == k - 1, "rank"].astype(int),
-                    on_g.loc[on_g["collective_seq_id"] == k - 1, "start_ns"].astype(np.int64)))
-    cur = dict(zip(on_g.loc[on_g["collective_seq_id"] == k, "rank"].astype(int),
-                   on_g.loc[on_g["collective_seq_id"] == k, "start_ns"].astype(np.int64)))
-    posters = [r for r in cur if r in prev and r != int(e.target)]
-    if int(e.target) not in prev or not posters:
+    # per rank: the start of its g #k-1 (lo) and of its g #k (hi; never, for the target)
+    span = on_g.pivot_table(index="rank", columns="collective_seq_id", values="start_ns", aggfunc="min")
+    if k - 1 not in span.columns or k not in span.columns or pd.isna(span[k - 1].get(target)):
+        return None
+    lo, hi = span[k - 1], span[k]
+    posters = hi.index[hi.notna() & lo.notna() & (hi.index != target)]
+    if not len(posters):
         return None
     y = coll[(coll["op_name"].astype(str) == op).to_numpy() & (coll["call_site"].astype(str) == site).to_numpy()]
-    rank, start = y["rank"].astype(int).to_numpy(), y["start_ns"].astype(np.int64).to_numpy()
-    n_target = int(((rank == int(e.target)) & (start > prev[int(e.target)])).sum())
-    n = [int(((rank == r) & (start > prev[r]) & (start < cur[r])).sum()) for r in posters]
-    return False if 2 * sum(0 < n_target <= m for m in n) > len(posters) else None
+    y = y[y["rank"].isin(list(posters) + [target]).to_numpy()]
+    r, start = y["rank"], y["start_ns"]
+    since = start > r.map(lo)                   # after the rank's g #k-1 ...
+    n_target = int((since & (r == target)).sum())
+    n = (since & (start < r.map(hi)) & (r != target)).groupby(r).sum().reindex(posters, fill_value=0)
+    return False if 2 * int(((n_target > 0) & (n >= n_target)).sum()) > len(posters) else None
 
 
 def loop_says(ctx: WaitContext, e: Any) -> bool | None:
