@@ -42,7 +42,7 @@ from ncclscope.index.views import IndexLike, TraceIndex, as_index
 from ncclscope.index.history import find_history_deviations, merge_history
 from ncclscope.index.instances import find_deviations, near_instances, type_value
 from ncclscope.index.labels import fmt_ranks, rank_label
-from ncclscope.index.source_loops import cwds_of, left_loop_note
+from ncclscope.index.source_loops import cwds_of, left_loop_note, recent_sites
 from ncclscope.hang.wording import since as since_text
 
 if TYPE_CHECKING:
@@ -135,8 +135,9 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
     site = _deviant_site(inst, named)
     theirs = _deviant_site(inst, sorted(set(int(r) for r in inst["rank"]) - set(int(x) for x in rows["rank"])), common=True)
     if site:                         # the user's line to look at, and the peers' where it differs
+        before = recent_sites(trace, named[0]) if len(named) == 1 and theirs and theirs != site else None
         title += (f" ({'its' if len(named) == 1 else 'their'} call at {site}"
-                  + (f"; the others' at {theirs}{left_loop_note(cwds_of(trace), theirs, [site])}"
+                  + (f"; the others' at {theirs}{left_loop_note(cwds_of(trace), theirs, [site], before)}"
                      if theirs and theirs != site else "") + ")")
     absent = sorted(set(members.get(g, [])) - set(int(r) for r in inst["rank"]))
     if absent and history:

@@ -25,7 +25,7 @@ from ncclscope.findings import Cause, CauseBasis, Departure, Finding
 from ncclscope.hang.wording import (MAX_EVIDENCE, WaitContext, op_evidence, payload, since, sort_key, waiter_evidence,
                                    waiting_summary)
 from ncclscope.index.labels import rank_label
-from ncclscope.index.source_loops import cwds_of, left_loop_note
+from ncclscope.index.source_loops import cwds_of, left_loop_note, recent_sites
 from ncclscope.index.repetition import MAX_PERIOD, repeats_to_end, virtual_steps
 
 MAX_MEMBERS = 16            # cycle members whose sequences are read
@@ -279,13 +279,17 @@ def finished_by_leavers(ctx: WaitContext, r: int, ws: set[int]) -> tuple[tuple, 
     return left_loop_finding(ctx, [r], [], set(ws), leavers)
 
 
-def left_loop_text(ctx: WaitContext, waiter_site: str, root_sites: list[str] | None = None) -> str:
+def left_loop_text(ctx: WaitContext, waiter_site: str, root_sites: list[str] | None = None,
+                   root: int | None = None) -> str:
     """" (the others post it at S, in the loop at L; it left that loop early)" for a root whose peers
     still loop: it finished (`root_sites` None) or is blocked at lines outside that loop (its data ran
-    out, a loop bound of its own). Only the others' site where the loop is not known or not left."""
+    out, a loop bound of its own). Only the others' site where the loop is not known or not left.
+    `root`: the rank that left, whose recent call sites say which loop of a nest it left."""
     if not waiter_site:
         return ""
-    return f" (the others post it at {waiter_site}{left_loop_note(cwds_of(ctx.trace), waiter_site, root_sites)})"
+    history = recent_sites(ctx.trace, root) if root is not None else None
+    return (f" (the others post it at {waiter_site}"
+            f"{left_loop_note(cwds_of(ctx.trace), waiter_site, root_sites, history)})")
 
 
 def site_of(ctx: WaitContext, rank: int, op_id: int) -> str:

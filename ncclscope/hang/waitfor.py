@@ -351,7 +351,8 @@ def _skip_finding(ctx: WaitContext, comp: list[int], cycle: list[int], involved:
     posted = ctx.coll[(ctx.coll["process_group"] == g).to_numpy() & (ctx.coll["collective_seq_id"] == k).to_numpy()]
     if len(posted) and "call_site" in posted.columns:
         title += left_loop_text(ctx, str(posted["call_site"].astype(str).mode().iloc[0]),
-                            [str(s) for s in rb["call_site"]] if "call_site" in rb.columns else [])
+                                [str(s) for s in rb["call_site"]] if "call_site" in rb.columns else [],
+                                roots[0] if len(roots) == 1 else None)
     if summary:
         title += f"; {summary}"
     ev = [op_evidence(r, f"{r.status}: blocked here instead of {g} #{k}{since(ctx.end, r.start_ns, ', since ')}")
@@ -403,7 +404,7 @@ def _endpoint_finding(ctx: WaitContext, r: int, role: str, waiters: set[int]) ->
         kind = "hang"
         if role == "finished":
             site = site_of(ctx, int(into.iloc[0]["waiter"]), int(into.iloc[0]["op_id"])) if len(into) else ""
-            title = f"{who} finished (exit 0) without posting {wanted}" + left_loop_text(ctx, site)
+            title = f"{who} finished (exit 0) without posting {wanted}" + left_loop_text(ctx, site, None, r)
         else:
             title = (f"{who} never posted {wanted} and is in no communication op "
                      f"(state {row.state}; last op {row.last_op or 'none'} {row.last_op_status})")

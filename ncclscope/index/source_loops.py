@@ -13,6 +13,9 @@ import functools
 import os
 from pathlib import Path
 
+import numpy as np
+
+from ncclscope import schema as S
 from ncclscope import sites
 
 MAX_BYTES = 4 << 20
@@ -71,14 +74,54 @@ def in_span(span: tuple[str, int, int], site: str) -> bool:
     return any(p == path and header < line <= last for p, line in map(sites.path_line, sites.frames(site)))
 
 
-def left_loop_note(cwds: list[str], others_site: str, own_sites: list[str] | None = None) -> str:
+def _nest(site: str, cwds: list[str]) -> tuple[str, list[tuple[int, int]]] | None:
+    """(path, [(header, last line), ...] outermost first) of every loop around the site's innermost frame
+    that is inside one; None when none is, or the source is not readable."""
+    for frame in sites.frames(site):
+        path, line = sites.path_line(frame)
+        if line < 0:
+            continue
+        around = sorted(lp for lp in _loops(_resolve(path, cwds)) if lp[1] < line <= lp[2])
+        if around:
+            return path, [(header, last) for header, _, last in around]
+    return None
+
+
+def left_loop_note(cwds: list[str], others_site: str, own_sites: list[str] | None = None,
+                   history: list[str] | None = None) -> str:
     """", in the loop at L; it left that loop early" where the peers' op (`others_site`) sits in a loop
     and none of the deviant rank's own sites (`own_sites`; None or empty: it finished) lies in it;
-    "" otherwise: the reader then sees only where the others are."""
-    span = loop_span(others_site, cwds) if others_site else None
-    if span is None or any(in_span(span, s) for s in (own_sites or []) if s):
+    "" otherwise: the reader then sees only where the others are.
+
+    Which loop of a nest: the innermost one that holds the last place the deviant was inside the nest
+    (`history`: its call sites, newest first). Its peers went from there round that loop's back edge to
+    their op; it did not. A rank whose last op was a barrier after the inner loop left the outer loop (it
+    ran the inner loop out, then the rest of the body); one whose last op was in the inner loop broke out
+    of it. Without such a site, the innermost loop it is not in."""
+    nest = _nest(others_site, cwds) if others_site else None
+    if nest is None:
         return ""
-    return f", in the loop at {span[0]}:{span[1]}; it left that loop early"
+    path, loops = nest
+    free = [lp for lp in loops if not any(in_span((path, *lp), s) for s in (own_sites or []) if s)]
+    if not free:
+        return ""
+    chosen = free[-1]
+    for s in history or []:
+        inside = [lp for lp in free if in_span((path, *lp), s)]
+        if inside:
+            chosen = inside[-1]
+            break
+    return f", in the loop at {path}:{chosen[0]}; it left that loop early"
+
+
+def recent_sites(trace, rank: int, limit: int = 256) -> list[str]:
+    """The call sites of a rank's last `limit` communication ops, newest first ("" where none is recorded)."""
+    ops = trace.ops
+    if "call_site" not in ops.columns or not len(ops):
+        return []
+    mine = np.flatnonzero((ops["rank"].to_numpy() == rank)
+                          & ops["kind"].isin([S.KIND_COLLECTIVE, S.KIND_P2P]).to_numpy())[-limit:]
+    return [str(s) for s in ops["call_site"].to_numpy()[mine[::-1]]]
 
 
 def cwds_of(trace) -> list[str]:
