@@ -123,3 +123,37 @@ def test_a_send_to_the_wrong_peer_in_a_loop_names_the_sender():
 def test_a_healthy_ring_is_ok():
     a = run(_ring(wrong_at=None).build())
     assert a.verdict.startswith("OK"), a.verdict
+
+
+def _seq(calls: list[tuple[str, str, str]]):
+    import pandas as pd
+    return pd.DataFrame({"op_name": [c[0] for c in calls], "process_group": [c[1] for c in calls],
+                         "call_site": [c[2] for c in calls], "op_id": list(range(len(calls)))})
+
+
+def test_a_statement_of_two_back_to_back_calls_is_one_visit_of_the_loop():
+    """broadcast_object_list issues two broadcasts from one line: its previous visit is one pass of the loop,
+    so the all_reduce the rank made before it last iteration and not this one was passed (seed 20261222 #26)."""
+    from ncclscope.hang.loop_order import passed_in_loop
+    it = [("broadcast", "fsdp", "a.py:48"), ("all_reduce", "cp", "a.py:66"), ("broadcast", "fsdp", "a.py:68"),
+          ("broadcast", "world", "a.py:71"), ("broadcast", "world", "a.py:71"), ("reduce", "cp", "a.py:73")]
+    now = [("broadcast", "fsdp", "a.py:48"), ("broadcast", "fsdp", "a.py:68"), ("broadcast", "world", "a.py:71")]
+    seq = _seq(it + now)
+    assert passed_in_loop(seq, len(seq) - 1, "all_reduce", "cp", "a.py:66") is True
+    seq = _seq(it + now + [("broadcast", "world", "a.py:71")])     # blocked in the visit's second call
+    assert passed_in_loop(seq, len(seq) - 1, "all_reduce", "cp", "a.py:66") is True
+    # the reduce follows the statement in the loop: not reached yet, however many calls the visit makes
+    assert passed_in_loop(seq, len(seq) - 1, "reduce", "cp", "a.py:73") is False
+
+
+def test_a_skip_before_a_broadcast_object_list_is_read_from_the_dumps(tmp_path):
+    """Seed 20261222 #26 (unseen; its dumps as written): 4 ranks, cp pairs [0,2] [1,3] and fsdp pairs [0,1]
+    [2,3]. In iteration 1 rank 1 skips its reduce_scatter on cp (line 66) and goes on to the world
+    broadcast_object_list (line 71). Rank 3 waits on it in cp, rank 2 on rank 3 in fsdp, rank 1 on both in
+    the world broadcast: a cycle, called a deadlock of ranks 1-3 while rank 1's loop, read a statement visit
+    at a time (the object list's two broadcasts are one), says it went past the reduce_scatter."""
+    from ncclscope.load.foreign.flight_recorder import load_flight_recorder
+    from randprog_data import timed_dumps
+    a = run(load_flight_recorder(timed_dumps("rp20261222_026_skip_fr", tmp_path)))
+    assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("hang", [1]), a.verdict
+    assert "went on to broadcast #4" in a.verdict, a.verdict

@@ -114,7 +114,12 @@ def passed_in_loop(seq: pd.DataFrame, blocked_op_id: int, op: str, group: str, s
     `seq` is the rank's collectives in issue order (op_id). The blocked call's previous occurrence Yp and
     the one before it Ypp bound one period of its loop, whatever the loop looks like: the call occurring
     between Yp and the blocked op means it follows the blocked call in the loop (not reached); occurring only
-    between Ypp and Yp means it precedes it and was left out this time (passed)."""
+    between Ypp and Yp means it precedes it and was left out this time (passed).
+
+    An occurrence is a visit of the statement: a run of back-to-back identical calls is one (the two
+    broadcasts of one `broadcast_object_list`, an inner loop's all_reduce per parameter), so its two calls
+    are not read as two passes of the loop (seed 20261222 #26: the rank was blocked in the first broadcast of
+    a `broadcast_object_list` whose previous visit made two)."""
     ops = seq["op_name"].astype(str).to_numpy()
     groups = seq["process_group"].astype(str).to_numpy()
     sites = seq["call_site"].astype(str).to_numpy()
@@ -124,16 +129,20 @@ def passed_in_loop(seq: pd.DataFrame, blocked_op_id: int, op: str, group: str, s
         return None
     iy = int(at[0])
     same_y = np.flatnonzero((ops[:iy] == ops[iy]) & (groups[:iy] == groups[iy]) & (sites[:iy] == sites[iy]))
+    start = iy                         # the blocked call's own visit begins here
+    while len(same_y) and int(same_y[-1]) == start - 1:
+        start, same_y = start - 1, same_y[:-1]
     if not len(same_y):
         return None
-    iyp = int(same_y[-1])
-    iypp = int(same_y[-2]) if len(same_y) > 1 else -1
+    visits = np.split(same_y, np.flatnonzero(np.diff(same_y) != 1) + 1)
+    prev_first, prev_last = int(visits[-1][0]), int(visits[-1][-1])
+    before_last = int(visits[-2][-1]) if len(visits) > 1 else -1
     is_x = (ops == op) & (groups == group)
     if site:
         is_x &= sites == site
-    if is_x[iyp + 1:iy].any():
+    if is_x[prev_last + 1:start].any():
         return False
-    if is_x[iypp + 1:iyp].any():
+    if is_x[before_last + 1:prev_first].any():
         return True
     return None
 
