@@ -17,12 +17,14 @@
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pandas as pd
 
 from ncclscope import schema as S
 from ncclscope.findings import Evidence, Finding
+from ncclscope.index.rank_states import PEER_ERROR
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label
 from ncclscope.hang.group_order import in_group_creation
@@ -71,6 +73,8 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
     if not present or len(present) < len(trace.ranks):
         return []
     if all(trace.ranks[r].state == "finished" for r in present):   # a job that ended cleanly did not stop
+        return []
+    if failed_alone(trace, present):        # it died at that rank: the dead rank speaks, not a hang
         return []
     if len(ix.blocking) or (len(coll) and (coll["status"].astype(str) != S.STATUS_OK).any()):
         return []
@@ -126,6 +130,20 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         data["went_on"] = others
     return [Finding(kind="no_op_in_flight", severity="error", title=title, ranks=sorted(int(r) for r in stopped),
                     evidence=ev[:60], involved=sorted(int(r) for r in present), data=data)]
+
+
+def failed_alone(trace: Any, present: list[int]) -> bool:
+    """Did some rank fail of its own error (an exception of its own code, not a peer's timeout or closed
+    socket: rank_states.PEER_ERROR) while every other rank finished or was stopped by the launcher (torchrun
+    ends a job's other workers when one fails)? Then nothing hung outside collectives: the job died at that
+    rank, after its last collective (seed 20261222 #142: an assertion in the last iteration's compute; the
+    other rank, in destroy_process_group, was stopped for it). A timeout's exception is no such failure: a
+    rank that gave up waiting in group creation is the hang's victim."""
+    own = [r for r in present if trace.ranks[r].state == "failed"
+           and str(trace.ranks[r].end_message or "").strip()
+           and re.search(PEER_ERROR, str(trace.ranks[r].end_message)) is None]
+    return bool(own) and all(trace.ranks[r].state == "finished" or trace.ranks[r].stopped_by_launcher
+                             for r in present if r not in own)
 
 
 def _split(ix: Any, idle: pd.DataFrame | None, present: list[int]
