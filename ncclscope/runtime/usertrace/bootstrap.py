@@ -219,7 +219,10 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:
         code = exc.code
         if code not in (None, 0):
+            # a failure like any uncaught exception: where the script called sys.exit is the user's line
             status, message = "error", f"SystemExit({code!r})"
+            tracer.evidence(f"SystemExit({code!r}) in {script}", stacks=False)
+            rec.dump_exception(exc)
         raise
     except BaseException as exc:
         status, message = "error", T.text_of(exc)
