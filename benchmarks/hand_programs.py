@@ -1,6 +1,6 @@
 """Accuracy on hand-written plain-PyTorch programs (benchmarks/hand_programs/), judged like the random ones.
 
-    OMP_NUM_THREADS=1 python benchmarks/hand_programs.py --out /tmp/hand            # all 21, ~10 min on 2 cores
+    OMP_NUM_THREADS=1 python benchmarks/hand_programs.py --out /tmp/hand            # all 33, ~16 min on 2 cores
     OMP_NUM_THREADS=1 python benchmarks/hand_programs.py --out /tmp/hand --only grad_accum,early_stop
     python benchmarks/hand_programs.py --rejudge /tmp/hand                          # kept runs, this code
 
@@ -42,6 +42,12 @@ CASES: dict[str, tuple[str, list[int], int]] = {
     "swallowed_error": ("skip", [2], 4),
     "healthy_accum": (HEALTHY, [], 4), "healthy_pipe": (HEALTHY, [], 4), "healthy_objects": (HEALTHY, [], 4),
     "healthy_subgroups": (HEALTHY, [], 4), "healthy_pipelining": (HEALTHY, [], 2),
+    "barrier_rank0": ("extra", [0], 4), "nested_token_budget": ("uneven_loop", [2], 4),
+    "zero_shard_align": ("size", [1], 4), "collate_bad_label": ("exception", [1], 2),
+    "missing_val_shard": ("exit", [3], 4), "shard_poll_hang": ("hang_compute", [2], 4),
+    "sched_bcast_dtype": ("dtype", [0], 4), "lazy_group_order": ("group_order", [3], 4),
+    "healthy_join": (HEALTHY, [], 3), "healthy_rotating_root": (HEALTHY, [], 4),
+    "healthy_gather_scatter": (HEALTHY, [], 4), "healthy_moe_splits": (HEALTHY, [], 4),
 }
 # a p2p pipeline whose last stage leaves its loop early also leaves a send unmatched
 KINDS_EXTRA = {"pipe_microbatches": ["unmatched_p2p"]}
@@ -67,7 +73,9 @@ def program(name: str) -> Program:
                   accept_roots=[culprits] if culprits else [], accept_kinds=kinds,
                   lines=lines if judged else [], line_texts=texts if judged else [], step=None,
                   detail=text.split('"""')[1].split("\n")[0][:90], mesh_shape=[world], mesh_dims=["world"],
-                  mesh_mode="none", steps=0, pg_timeout_s=10.0)
+                  mesh_mode="none", steps=0, pg_timeout_s=10.0,
+                  # a culprit whose process ends by itself writes no dump a plain torchrun user would have
+                  dies=list(culprits) if bug != HEALTHY and CATALOGUE[bug].kills_culprit else [])
     return Program(source="\n".join(src), truth=truth, filename=f"hand_{name}.py")
 
 
