@@ -12,11 +12,15 @@ import ast
 import functools
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ncclscope import schema as S
 from ncclscope import sites
+
+if TYPE_CHECKING:
+    from ncclscope.load.trace import Trace
 
 MAX_BYTES = 4 << 20
 
@@ -114,7 +118,7 @@ def left_loop_note(cwds: list[str], others_site: str, own_sites: list[str] | Non
     return f", in the loop at {path}:{chosen[0]}; it left that loop early"
 
 
-def recent_sites(trace, rank: int, limit: int = 256) -> list[str]:
+def recent_sites(trace: "Trace", rank: int, limit: int = 256) -> list[str]:
     """The call sites of a rank's last `limit` communication ops, newest first ("" where none is recorded)."""
     ops = trace.ops
     if "call_site" not in ops.columns or not len(ops):
