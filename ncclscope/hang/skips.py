@@ -20,7 +20,7 @@ import pandas as pd
 
 from ncclscope.hang.census import CENSUS_COLUMNS, step_census_deviations
 from ncclscope.index.repetition import virtual_steps
-from ncclscope.index.rank_states import PEER_ERROR
+from ncclscope.index.rank_states import own_error
 from ncclscope import sites
 
 _FRAME_RE = re.compile(r'File "([^"]+)", line (\d+)')
@@ -194,9 +194,7 @@ def _died_of_itself(trace, r: int) -> bool:
     socket): its last stack is where it died. In a user script that may lie past Y's line in the
     iteration before the one its peers wait in (an exit after the optimizer step that began a new step),
     so the stack proves no skip there."""
-    info = trace.ranks.get(r)
-    msg = str(getattr(info, "end_message", "") or "").strip()
-    return bool(msg) and re.search(PEER_ERROR, msg) is None
+    return own_error(getattr(trace.ranks.get(r), "end_message", ""))
 
 
 SPAN_MARGIN = 1.2     # the failing span ran this much longer than the rank needed to reach Y before

@@ -17,14 +17,13 @@
 """
 from __future__ import annotations
 
-import re
 from typing import Any
 
 import pandas as pd
 
 from ncclscope import schema as S
 from ncclscope.findings import Evidence, Finding
-from ncclscope.index.rank_states import PEER_ERROR
+from ncclscope.index.rank_states import own_error
 from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import fmt_ranks, rank_label
 from ncclscope.hang.group_order import in_group_creation
@@ -139,9 +138,7 @@ def failed_alone(trace: Any, present: list[int]) -> bool:
     rank, after its last collective (seed 20261222 #142: an assertion in the last iteration's compute; the
     other rank, in destroy_process_group, was stopped for it). A timeout's exception is no such failure: a
     rank that gave up waiting in group creation is the hang's victim."""
-    own = [r for r in present if trace.ranks[r].state == "failed"
-           and str(trace.ranks[r].end_message or "").strip()
-           and re.search(PEER_ERROR, str(trace.ranks[r].end_message)) is None]
+    own = [r for r in present if trace.ranks[r].state == "failed" and own_error(trace.ranks[r].end_message)]
     return bool(own) and all(trace.ranks[r].state == "finished" or trace.ranks[r].stopped_by_launcher
                              for r in present if r not in own)
 

@@ -20,6 +20,7 @@ sentences.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -191,6 +192,13 @@ def rank_states(trace: Trace, ops: pd.DataFrame, blocking: pd.DataFrame, computi
 # end messages that say the rank failed because a peer went away or did not answer, not of its own error
 PEER_ERROR = (r"(?i)connection (?:closed|reset|refused)|(?:closed|reset) by peer|broken pipe|remote (?:process|peer)"
               r"|communicator was aborted|timed? ?out|timeout|terminated by SIGTERM")
+
+
+def own_error(message: str) -> bool:
+    """An end message that says the rank failed of its own error (an exception of its own, os._exit), not a
+    peer's (a timeout, a closed socket, an abort): PEER_ERROR does not match it."""
+    msg = str(message or "").strip()
+    return bool(msg) and re.search(PEER_ERROR, msg) is None
 
 
 _MISSING = {

@@ -51,27 +51,6 @@ def _resolve(path: str, cwds: list[str]) -> str:
     return path
 
 
-def loop_span(site: str, cwds: list[str]) -> tuple[str, int, int] | None:
-    """(path, header line, last line) of the innermost loop around the site's innermost frame that is
-    inside one; None when none is, or the source is not readable. `cwds`: where relative paths were
-    taken from (rank.json `cwd`)."""
-    for frame in sites.frames(site):
-        path, line = sites.path_line(frame)
-        if line < 0:
-            continue
-        around = [lp for lp in _loops(_resolve(path, cwds)) if lp[1] < line <= lp[2]]
-        if around:
-            header, _, last = max(around)    # the innermost: the one starting last
-            return path, header, last
-    return None
-
-
-def enclosing_loop(site: str, cwds: list[str]) -> str:
-    """"path:line" of the header of `loop_span`'s loop, "" when there is none."""
-    span = loop_span(site, cwds)
-    return f"{span[0]}:{span[1]}" if span else ""
-
-
 def in_span(span: tuple[str, int, int], site: str) -> bool:
     """Whether any frame of `site` lies in the loop's body."""
     path, header, last = span

@@ -216,18 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.time()
     try:
         runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:
-        code = exc.code
-        if code not in (None, 0):
-            # a failure like any uncaught exception: where the script called sys.exit is the user's line
-            status, message = "error", f"SystemExit({code!r})"
-            tracer.evidence(f"SystemExit({code!r}) in {script}", stacks=False)
-            rec.dump_exception(exc)
-        raise
     except BaseException as exc:
-        status, message = "error", T.text_of(exc)
-        tracer.evidence(f"uncaught {type(exc).__name__} in {script}", stacks=False)
-        rec.dump_exception(exc)
+        exiting = isinstance(exc, SystemExit)
+        if not exiting or exc.code not in (None, 0):
+            # a failure (sys.exit(N) too): where the script raised or exited is the user's line
+            status, message = "error", f"SystemExit({exc.code!r})" if exiting else T.text_of(exc)
+            tracer.evidence(f"uncaught {type(exc).__name__} in {script}", stacks=False)
+            rec.dump_exception(exc)
         raise
     finally:
         try:
