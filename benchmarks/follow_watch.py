@@ -5,11 +5,11 @@
 
 For each layout it starts a healthy `ncclscope train` job sized to outlast the watch, and polls its run
 directory every `--poll-s` seconds exactly as `ncclscope tui RUN --follow` does: `Follower.poll()` (only
-the appended batches), the one verdict composer on the extended trace, then the live hold
-(`tui.follow.hold_premature_hang`). A poll whose live headline is a hang or mismatch verdict (ALARMS) is a
+the appended batches), then `tui.live_pace.LivePace.analyse`: the one verdict composer on the extended
+trace (the performance analyses rerun only when due) and the live hold (`tui.follow.hold_premature_hang`). A poll whose live headline is a hang or mismatch verdict (ALARMS) is a
 false verdict: it is printed with its poll number and the live note; with `--keep DIR` the trace that poll
-read is pickled there (`LAYOUT-pollN.pkl`: `pickle.load` it and call `hold_premature_hang(compose(trace),
-trace)` to reproduce); with `--keep-slow S` also the trace of every poll slower than S seconds
+read is pickled there (`LAYOUT-pollN.pkl`: `pickle.load` it and call `LivePace().analyse(trace, True)` to
+reproduce); with `--keep-slow S` also the trace of every poll slower than S seconds
 (`LAYOUT-slow-pollN.pkl`: a slow poll froze the live view for that long). When the watch ends the job is
 stopped (its process group gets SIGTERM, then SIGKILL; also when the watcher itself gets SIGTERM) and the
 totals are printed: polls, false verdicts, the worst poll time.
@@ -70,11 +70,11 @@ def _keep_trace(trace: object, path: Path) -> None:
 
 
 def watch(layout: str, seconds: float, poll_s: float, out: Path, keep: Path | None = None,
-          keep_slow: float | None = None) -> tuple[int, list[str], float, float, bool]:
-    """Polls, false verdicts (one line each), the slowest poll in seconds, the seconds watched, and whether
-    the job ended before the watch did (then it watched less than asked, and says so)."""
-    from ncclscope.tui.follow import Follower, hold_premature_hang
-    from ncclscope.verdict.compose import run as compose
+          keep_slow: float | None = None) -> tuple[int, list[str], list[float], float, bool]:
+    """Polls, false verdicts (one line each), every poll's seconds, the seconds watched, and whether the job
+    ended before the watch did (then it watched less than asked, and says so)."""
+    from ncclscope.tui.follow import Follower
+    from ncclscope.tui.live_pace import LivePace
 
     # more steps than the watch can see end: a tiny 4-rank job runs ~20 steps a second on two free cores
     # (at 4 steps per watched second, stop 39's 3-minute watches ended with their jobs after ~1 minute)
@@ -85,19 +85,19 @@ def watch(layout: str, seconds: float, poll_s: float, out: Path, keep: Path | No
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=True)
     false: list[str] = []
-    polls, worst = 0, 0.0
+    polls, times = 0, []
     t_start = time.monotonic()
     try:
         t_end = t_start + seconds
         while not (out / "rank-00000").is_dir() and time.monotonic() < t_end and proc.poll() is None:
             time.sleep(0.2)
-        fol = Follower(out)
+        fol, pace = Follower(out), LivePace()
         while time.monotonic() < t_end and proc.poll() is None:
             t0 = time.monotonic()
             try:
                 if fol.poll():
                     trace = fol.trace()
-                    analysis, note = hold_premature_hang(compose(trace), trace)
+                    analysis, note = pace.analyse(trace, live=True)
                     polls += 1
                     if analysis.verdict.startswith(ALARMS):
                         false.append(f"{layout} poll {polls}: {analysis.verdict[:160]} ({note or 'no hold'})")
@@ -107,7 +107,7 @@ def watch(layout: str, seconds: float, poll_s: float, out: Path, keep: Path | No
             except Exception as exc:  # a torn read: the next poll reads the whole batch
                 print(f"  poll error: {type(exc).__name__}: {exc}", file=sys.stderr)
             dt = time.monotonic() - t0
-            worst = max(worst, dt)
+            times.append(dt)
             if keep is not None and keep_slow is not None and dt > keep_slow and polls:
                 # a slow poll is a defect of its own (the live view froze): keep what it read to replay it
                 print(f"  SLOW {layout} poll {polls}: {dt:.1f} s", file=sys.stderr, flush=True)
@@ -116,7 +116,18 @@ def watch(layout: str, seconds: float, poll_s: float, out: Path, keep: Path | No
     finally:
         ended = proc.poll() is not None
         _stop(proc)
-    return polls, false, worst, time.monotonic() - t_start, ended
+    return polls, false, times, time.monotonic() - t_start, ended
+
+
+def _poll_times(times: list[float], poll_s: float) -> str:
+    """A poll's seconds: median, 95th percentile, slowest, and the share that fit in one poll interval (a
+    poll longer than that delays the next: the view then refreshes less often than every `poll_s`)."""
+    if not times:
+        return "no polls"
+    t = sorted(times)
+    within = sum(x <= poll_s for x in t) / len(t)
+    return (f"poll s median {t[len(t) // 2]:.2f} p95 {t[min(len(t) - 1, int(0.95 * len(t)))]:.2f} "
+            f"slowest {t[-1]:.2f}, {100 * within:.0f} % within {poll_s:g} s")
 
 
 def main() -> int:
@@ -140,10 +151,10 @@ def main() -> int:
                 print(f"follow_watch: unknown layout {layout!r} (choose from {', '.join(LAYOUTS)})",
                       file=sys.stderr)
                 return 2
-            polls, false, worst, watched, ended = watch(layout, seconds, args.poll_s, Path(tmp) / layout,
+            polls, false, times, watched, ended = watch(layout, seconds, args.poll_s, Path(tmp) / layout,
                                                         args.keep, args.keep_slow)
-            print(f"{layout:8s} polls {polls:4d}  false verdicts {len(false):3d}  slowest poll {worst:.2f} s  "
-                  f"watched {watched:.0f} s" + ("  (the job ended first)" if ended else ""), flush=True)
+            print(f"{layout:8s} polls {polls:4d}  false verdicts {len(false):3d}  {_poll_times(times, args.poll_s)}"
+                  f"  watched {watched:.0f} s" + ("  (the job ended first)" if ended else ""), flush=True)
             total_polls += polls
             total_false += false
     print(f"total    polls {total_polls:4d}  false verdicts {len(total_false):3d}")

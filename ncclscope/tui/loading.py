@@ -8,6 +8,7 @@ thread only ever receives presenter models (`model.py`).
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +17,12 @@ from textual.worker import get_current_worker
 
 from ncclscope.load.run_info import RunInfo
 from ncclscope.tui.frame import rank_frame
+from ncclscope.tui.live_pace import LivePace
 from ncclscope.tui.model import build_run_model, preliminary_model
 from ncclscope.tui.screens.overview import OverviewView
 
 EXIT_UNREADABLE = 2        # as `ncclscope analyze` on a directory it cannot read
-
-
-def analyse(trace: Any, on_verdict: Any = None) -> Any:
-    """`ncclscope.verdict.run(trace)`: the one verdict composer (looked up at call time); `on_verdict`
-    gets a hang's verdict before the performance analyses run (compose.run)."""
-    from ncclscope import verdict as analysis
-    return analysis.run(trace, on_verdict=on_verdict)
+MIN_GAP_S = 0.1            # --follow: the least pause between two polls
 
 
 class LoadingMixin:
@@ -78,19 +74,27 @@ class LoadingMixin:
         frame = rank_frame(trace)
         self._ui(self.apply, build_run_model(trace, None, live=live, stage="loaded", frame=frame), trace)
         progress("analysing", 2, 3)
-        self._analyse(trace, live, frame)
+        pace = LivePace()
+        self._analyse(trace, live, pace, frame)
         progress("", None, None)
-        while follower is not None and not self._stop.wait(self.poll_s) and not worker.is_cancelled:
+        started = time.monotonic()
+        # polls start every poll_s (a poll's own time counts into the second), with a moment for the UI
+        # thread to paint when one ran long
+        while (follower is not None and not self._stop.wait(max(MIN_GAP_S, started + self.poll_s - time.monotonic()))
+               and not worker.is_cancelled):
+            started = time.monotonic()
             try:
                 # each poll reads only the appended batches and extends the last poll's trace and index
-                # views from them (Follower is incremental: follow_trace.py); the composer runs at most once per poll
+                # views from them (Follower is incremental: follow_trace.py); the composer runs at most once
+                # per poll, the performance analyses only when due (live_pace.py)
                 if follower.poll():
-                    self._analyse(follower.trace(), not follower.ended)
+                    self._analyse(follower.trace(), not follower.ended, pace)
             except Exception as exc:  # keep following: the next poll may read a complete file
                 self._ui(self._set_progress, f"follow: {type(exc).__name__}: {str(exc)[:60]}", None, None)
 
-    def _analyse(self, trace: Any, live: bool, frame: Any = None) -> None:
-        """Compose the verdict (`analysis.run`) and apply it; while a job is live, hold a premature hang."""
+    def _analyse(self, trace: Any, live: bool, pace: LivePace, frame: Any = None) -> None:
+        """Compose the verdict (`verdict.run`, paced by `pace` while live) and apply it; while a job is live,
+        hold a premature hang."""
         frame = rank_frame(trace) if frame is None else frame
 
         def diagnosed(early: Any) -> None:
@@ -100,14 +104,10 @@ class LoadingMixin:
             self._ui(self._set_progress, "analysing performance", 2.5, 3)
 
         try:
-            analysis = analyse(trace, None if live else diagnosed)
+            analysis, note = pace.analyse(trace, live, None if live else diagnosed)
         except Exception as exc:  # the composer guards each analysis; this is a bug in it: say so
             self._ui(self._set_progress, f"analysis failed: {type(exc).__name__}: {exc}", None, None)
             return
-        note = ""
-        if live:
-            from ncclscope.tui.follow import hold_premature_hang
-            analysis, note = hold_premature_hang(analysis, trace)
         self.live_note = note
         model = build_run_model(trace, analysis, live=live, stage="ready", frame=frame)
         self._ui(self.apply, model, trace, analysis)

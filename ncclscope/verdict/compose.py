@@ -97,12 +97,14 @@ def compose_verdict(diagnosis: "Diagnosis | None", perf_findings: list[Finding],
 
 
 def run(trace: "Trace", *, hang: bool = True, performance: bool = True,
-        on_verdict: Callable[[Analysis], None] | None = None) -> Analysis:
+        on_verdict: Callable[[Analysis], None] | None = None, reuse_perf: "PerfResult | None" = None) -> Analysis:
     """Run every analysis on `trace` once and compose the one verdict every face shows.
 
     The hang diagnosis speaks first, so once it has found a hang the verdict line is settled before the
     performance analyses run (seconds at 16,384 ranks): `on_verdict`, when given, receives that verdict
-    then, as an `Analysis` with the hang findings only (`perf` None); the one returned adds the rest."""
+    then, as an `Analysis` with the hang findings only (`perf` None); the one returned adds the rest.
+    `reuse_perf`: performance results of an earlier trace of the same live run, composed instead of running
+    the performance analyses again (tui/live_pace.py: a live view refreshes them every few seconds)."""
     from ncclscope.verdict.diagnose import diagnose
     from ncclscope.index.views import release_views
     from ncclscope.perf.performance import analyze_performance
@@ -115,8 +117,11 @@ def run(trace: "Trace", *, hang: bool = True, performance: bool = True,
         on_verdict(Analysis(verdict=verdict, level=level, findings=sort_findings(list(diagnosis.findings)),
                             diagnosis=diagnosis, errors=list(errors),
                             warnings=list(getattr(trace, "warnings", []) or []), timings_s=dict(timings)))
-    release_views(trace)        # the performance analyses read the tables, not the index's per-op views
-    perf = guard("performance", lambda: analyze_performance(trace)) if performance else None
+    if reuse_perf is not None:
+        perf = reuse_perf
+    else:
+        release_views(trace)    # the performance analyses read the tables, not the index's per-op views
+        perf = guard("performance", lambda: analyze_performance(trace)) if performance else None
     if perf is not None:
         errors += perf.errors
         timings.update({f"perf.{k}": v for k, v in perf.timings.items()})
