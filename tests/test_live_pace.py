@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from ncclscope.load.trace import load
-from ncclscope.tui.live_pace import LivePace
+from ncclscope.tui.live_pace import LivePace, something_happened
 from ncclscope.verdict import run as compose
 
 pytestmark = pytest.mark.timeout(120)
@@ -53,13 +53,18 @@ def test_reused_performance_composes_the_same_verdict(healthy: Path) -> None:
     pace = LivePace(clock=clock)
     first, note1 = pace.analyse(trace, live=True)
     assert first.perf is pace.perf and pace.perf is not None and "performance as of" not in note1
-    clock.t += 2.0
+    clock.t += 1.0
     again, note2 = pace.analyse(trace, live=True)
     assert again.perf is first.perf                 # not run again: reused
-    assert "performance as of 2 s ago" in note2
+    assert "performance as of 1 s ago" in note2
+    # the last diagnosis found nothing and nothing happened since: not run again within HANG_MIN_S
+    assert first.diagnosis is not None and again.diagnosis is None
+    clock.t += 1.5
+    third, _ = pace.analyse(trace, live=True)
+    assert third.diagnosis is not None and third.perf is first.perf
     assert "perf.bubbles" not in again.timings_s or again.timings_s["perf.bubbles"] == first.timings_s[
         "perf.bubbles"]
-    for a in (first, again):
+    for a in (first, again, third):
         assert (a.verdict, a.level, [f.title for f in a.findings]) == (
             full.verdict, full.level, [f.title for f in full.findings])
 
@@ -75,3 +80,19 @@ def test_the_hang_diagnosis_is_fresh_at_every_poll(healthy: Path, pp_hung: Path)
     a, _ = pace.analyse(hung, live=True)
     assert a.verdict == compose(hung).verdict and not a.ok     # timeouts are facts: never held
     assert a.diagnosis is not None and not a.diagnosis.ok
+
+
+def test_what_makes_a_quiet_diagnosis_run_again(healthy: Path, pp_hung: Path) -> None:
+    """Anything the live hold would show at once: a status but ok or in flight (here timeouts), an op in
+    flight past its live threshold; an op in flight within it is nothing."""
+    assert something_happened(load(pp_hung))
+    trace = load(healthy)
+    assert not something_happened(trace)
+    ops = trace.ops
+    last = ops.index[(ops["rank"] == 0).to_numpy()][-1]
+    ops.loc[last, "status"] = "inflight"
+    ops.loc[last, "end_ns"] = -1
+    ops.loc[last, "start_ns"] = trace.end_ns - 200_000_000       # 0.2 s: within the least live threshold
+    assert not something_happened(trace)
+    ops.loc[last, "start_ns"] = trace.end_ns - 301_000_000_000   # past half the run's --timeout-s (600 s)
+    assert something_happened(trace)

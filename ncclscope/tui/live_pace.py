@@ -1,17 +1,26 @@
 """How a live view (`tui --follow`) keeps its one-second poll while the trace grows.
 
 A poll reads only the appended batches (follow.py), but the verdict is composed over the whole trace, and
-the performance analyses are two thirds of that composition and grow with the run: after ten minutes of a
-4-rank job (~200 k ops) one composition took ~1 s on this machine, and the view refreshed every 2-8 s
-(docs/benchmarks.md, follow_watch.py). What must be fresh every poll is the hang diagnosis: a wait that
-has just outlived its history is the news a live view exists for. Bubbles, stragglers, bandwidth and
-utilization are averages over the run; a few seconds' delay changes none of them.
+the composition grows with the run: after ten minutes of a 4-rank job (up to ~1 M ops) it took seconds on
+this machine, and the view refreshed every 2-8 s (docs/benchmarks.md, follow_watch.py). What a live view
+exists for is the moment a wait outlives its history, a timeout fires or a rank dies; everything else it
+shows (bubbles, stragglers, bandwidth, a mismatch among ops that completed) is as true a few seconds later.
 
-So each poll runs the hang diagnosis on the new trace, and the performance analyses only when they are due:
-at the first poll, when the job has ended, and otherwise at most once every `max(min_interval_s,
-last cost / duty)`, so that they take at most `duty` of the view's time; in between the composer
-(`verdict.compose.run(..., reuse_perf=...)`) reuses the last results, and the live note says how old they
-are. The verdict line is still made once, by the composer, from the fresh diagnosis and those results.
+So the composer runs in parts, each when due:
+- the performance analyses at the first poll, when the job has ended, and otherwise at most once every
+  `max(PERF_MIN_S, last cost / PERF_DUTY)`: in between the composer reuses their last results
+  (`verdict.compose.run(..., reuse_perf=...)`) and the live note says how old they are;
+- the hang diagnosis at every poll unless its last run showed nothing (no finding, or every finding held
+  back as premature by `follow.hold_premature_hang`) and nothing has happened that could make it show one:
+  no op in any status but ok or in flight (a timeout, an error, the watchdog's `suspect`, a non-member
+  call), no rank whose state changed (started, finished, died), and no op in flight longer than its live
+  threshold (`follow.wait_threshold_s`, the hold's own rule, over every rank, a superset of the ranks a
+  finding could name). Then it runs again at most every `max(HANG_MIN_S, last cost / HANG_DUTY)`, so a
+  mismatch among completed ops is seen within seconds, and a hang, which the hold shows only once a wait
+  outlives its threshold, as soon as it is one.
+
+A diagnosis that found something, even held back, is never reused: the ranks it named may have moved on,
+and only a fresh one says what the new trace shows. The verdict line is still made once, by the composer.
 """
 from __future__ import annotations
 
@@ -19,46 +28,99 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-MIN_INTERVAL_S = 5.0      # the performance analyses run again no sooner than this ...
-DUTY = 0.25               # ... nor sooner than their own last cost / DUTY (they take at most a quarter)
+import numpy as np
+
+from ncclscope import schema as S
+from ncclscope.load.opsjoin import STATUS_INFLIGHT
+
+PERF_MIN_S = 5.0          # the performance analyses run again no sooner than this ...
+PERF_DUTY = 0.25          # ... nor sooner than their own last cost / PERF_DUTY (at most a quarter of the time)
+HANG_MIN_S = 2.0          # a quiet hang diagnosis runs again no later than this after the last ...
+HANG_DUTY = 0.5           # ... or its own cost / HANG_DUTY, when nothing happened that could change it
+_QUIET = (S.STATUS_OK, STATUS_INFLIGHT)
 
 
 @dataclass
 class LivePace:
-    """One per followed run: the last performance results, when they were made and what they cost."""
+    """One per followed run: the last performance results and hang diagnosis, when each ran, what it cost."""
 
-    min_interval_s: float = MIN_INTERVAL_S
-    duty: float = DUTY
     clock: Callable[[], float] = time.monotonic
     perf: Any = None                     # the last PerfResult, or None before the first composition
     made_at: float = field(default=float("-inf"))
     cost_s: float = 0.0
+    quiet: bool = False                  # the last hang diagnosis showed nothing (see the module docstring)
+    diag_at: float = field(default=float("-inf"))
+    diag_cost_s: float = 0.0
+    states: tuple = ()                   # every rank's state at the last hang diagnosis
 
     def due(self, live: bool) -> bool:
         """Whether this poll re-runs the performance analyses."""
         if not live or self.perf is None:
             return True
-        return self.clock() - self.made_at >= max(self.min_interval_s, self.cost_s / self.duty)
+        return self.clock() - self.made_at >= max(PERF_MIN_S, self.cost_s / PERF_DUTY)
+
+    def hang_due(self, trace: Any) -> bool:
+        """Whether this (live) poll re-runs the hang diagnosis (the module docstring says when not)."""
+        if not self.quiet or self.clock() - self.diag_at >= max(HANG_MIN_S, self.diag_cost_s / HANG_DUTY):
+            return True
+        return _rank_states(trace) != self.states or something_happened(trace)
 
     def analyse(self, trace: Any, live: bool, on_verdict: Any = None) -> tuple[Any, str]:
         """(analysis, live note): the one composer on `trace`; while `live`, the hang diagnosis' premature
-        findings held back (`follow.hold_premature_hang`) and the performance results reused when not due."""
+        findings held back (`follow.hold_premature_hang`), and each part of the composition run when due."""
         from ncclscope import verdict       # looked up at call time (a test may stand in for the composer)
-        run = verdict.run
-        if self.due(live):
-            start = self.clock()
-            analysis = run(trace, on_verdict=on_verdict)
-            if analysis.perf is not None:
-                self.perf, self.made_at = analysis.perf, start
-                self.cost_s = float(analysis.timings_s.get("performance", 0.0))
-            age = ""
-        else:
-            analysis = run(trace, on_verdict=on_verdict, reuse_perf=self.perf)
-            age = f"performance as of {self.clock() - self.made_at:.0f} s ago"
+        perf_due = self.due(live)
+        hang = not live or perf_due or self.hang_due(trace)
+        start = self.clock()
+        analysis = verdict.run(trace, hang=hang, on_verdict=on_verdict,
+                               reuse_perf=None if perf_due else self.perf)
+        if perf_due and analysis.perf is not None:
+            self.perf, self.made_at = analysis.perf, start
+            self.cost_s = float(analysis.timings_s.get("performance", 0.0))
+        if hang:
+            self.diag_at, self.diag_cost_s = start, float(analysis.timings_s.get("hang diagnosis", 0.0))
+            self.states = _rank_states(trace)
         if not live:
             return analysis, ""
         from ncclscope.tui.follow import hold_premature_hang
-        analysis, note = hold_premature_hang(analysis, trace)
-        hang_shown = analysis.diagnosis is not None and not analysis.diagnosis.ok and not note
+        note = ""
+        if hang:
+            analysis, note = hold_premature_hang(analysis, trace)
+            diag = analysis.diagnosis
+            kept = diag is not None and any(f is g for f in analysis.findings for g in diag.findings)
+            self.quiet = diag is not None and not kept        # nothing found, or all of it held back
+        age = "" if perf_due else f"performance as of {self.clock() - self.made_at:.0f} s ago"
+        shown = analysis.diagnosis is not None and not analysis.diagnosis.ok and not note
         # the age matters where the performance findings may make the line: not under a hang's verdict
-        return analysis, "; ".join(x for x in (note, "" if hang_shown else age) if x)
+        return analysis, "; ".join(x for x in (note, "" if shown else age) if x)
+
+
+def something_happened(trace: Any) -> bool:
+    """Anything in `trace` that could make a hang diagnosis show a finding live: an op in any status but ok
+    or in flight, or an op in flight longer than its live threshold (follow.wait_threshold_s)."""
+    from ncclscope.tui.follow import wait_threshold_s
+    ops = trace.ops
+    if not len(ops):
+        return False
+    status = ops["status"]
+    if not bool(status.isin(_QUIET).all()):
+        return True
+    infl = (status == STATUS_INFLIGHT).to_numpy() & (ops["kind"] != S.KIND_MARKER).to_numpy()
+    if not infl.any():
+        return False
+    now = trace.end_ns
+    cfg = trace.run.config
+    timeout_s = cfg.get("timeout_s") if isinstance(cfg.get("timeout_s"), (int, float)) else None
+    names = ops["op_name"].to_numpy()[infl]
+    waits = np.maximum(now - ops["start_ns"].to_numpy()[infl], 0) / 1e9
+    done = (status == S.STATUS_OK).to_numpy()
+    for name in set(map(str, names)):
+        of_name = done & (ops["op_name"] == name).to_numpy()
+        med = float(np.median(ops["duration_ns"].to_numpy()[of_name])) / 1e9 if of_name.any() else np.nan
+        if float(waits[names.astype(str) == name].max()) > wait_threshold_s(med, timeout_s):
+            return True
+    return False
+
+
+def _rank_states(trace: Any) -> tuple:
+    return tuple((r, info.state) for r, info in sorted(trace.ranks.items()))
