@@ -1,6 +1,6 @@
 """Accuracy on hand-written plain-PyTorch programs (benchmarks/hand_programs/), judged like the random ones.
 
-    OMP_NUM_THREADS=1 python benchmarks/hand_programs.py --out /tmp/hand            # all 33, ~16 min on 2 cores
+    OMP_NUM_THREADS=1 python benchmarks/hand_programs.py --out /tmp/hand            # all 45, ~20 min on 2 cores
     OMP_NUM_THREADS=1 python benchmarks/hand_programs.py --out /tmp/hand --only grad_accum,early_stop
     python benchmarks/hand_programs.py --rejudge /tmp/hand                          # kept runs, this code
 
@@ -48,6 +48,12 @@ CASES: dict[str, tuple[str, list[int], int]] = {
     "sched_bcast_dtype": ("dtype", [0], 4), "lazy_group_order": ("group_order", [3], 4),
     "healthy_join": (HEALTHY, [], 3), "healthy_rotating_root": (HEALTHY, [], 4),
     "healthy_gather_scatter": (HEALTHY, [], 4), "healthy_moe_splits": (HEALTHY, [], 4),
+    "tp_mlp_skip_reduce": ("skip", [2], 4), "moe_stale_splits": ("size", [1], 3),
+    "ring_spare_irecv": ("wrong_peer", [0], 5), "ckpt_barrier_continue": ("skip", [1], 3),
+    "resume_objlist_short": ("short_objlist", [1], 2), "eval_view_raise": ("exception", [5], 6),
+    "halo_local_parity": ("swap_order", [3], 6), "prefetch_thread_hang": ("hang_compute", [1], 2),
+    "preempt_exit": ("exit", [3], 4), "healthy_uneven_work": (HEALTHY, [], 5),
+    "healthy_alt_subgroups": (HEALTHY, [], 6), "healthy_batch_pipe3": (HEALTHY, [], 3),
 }
 # a p2p pipeline whose last stage leaves its loop early also leaves a send unmatched
 KINDS_EXTRA = {"pipe_microbatches": ["unmatched_p2p"]}

@@ -687,6 +687,9 @@ def test_a_one_against_one_tie_is_decided_by_what_each_rank_s_own_loop_issues_at
     # the prediction: the longest earlier-seen context, one earlier pass is enough, disagreement says nothing
     assert predicted_next(list("abcdeabc")) == ("d", 1) and predicted_next(list("abcdeabcdeabc"))[0] == "d"
     assert predicted_next(list("ab")) is None and predicted_next(list("abcxabcyabc")) is None
+    # a match back to the record's start is as long as the evidence goes (seed 20261223 #102: the group's
+    # record began with its loop's barrier); one the record contradicts before that says nothing
+    assert predicted_next(list("bcdeb")) == ("c", 1) and predicted_next(list("xbcdb")) is None
 
 
 def test_a_rank_that_left_its_loop_comes_before_ranks_whose_state_nothing_says() -> None:

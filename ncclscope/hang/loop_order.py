@@ -288,11 +288,13 @@ def loop_passers(ctx: WaitContext, e0: pd.DataFrame) -> pd.DataFrame:
 
 def predicted_next(tokens: list[str]) -> tuple[str, int] | None:
     """What the rank's own sequence says comes after `tokens`: the token that followed every earlier
-    occurrence of the longest suffix (at least MIN_CONTEXT calls, read up to MAX_CONTEXT) that occurred
-    before, and how many earlier occurrences say so. None when no such suffix occurred or they disagree.
+    occurrence of the longest suffix (read up to MAX_CONTEXT) that occurred before, and how many earlier
+    occurrences say so. None when no such suffix occurred or they disagree.
 
-    One earlier iteration suffices (a loop's second pass repeats its first from its first call on),
-    which `virtual_steps` cannot use: it needs MIN_REPEATS periods to find one."""
+    An occurrence counts when it matches at least MIN_CONTEXT calls, or every call before it: a match that
+    runs back to the start of the record is as long as the evidence goes (the record began with the loop,
+    whose second pass repeats its first from its first call on). One earlier iteration suffices, which
+    `virtual_steps` cannot use: it needs MIN_REPEATS periods to find one."""
     n = len(tokens)
     if n <= MIN_CONTEXT:
         return None
@@ -304,17 +306,16 @@ def predicted_next(tokens: list[str]) -> tuple[str, int] | None:
         m = 1
         while m < MAX_CONTEXT and m <= j and tokens[j - m] == tokens[n - 1 - m]:
             m += 1
-        lengths[j] = m
+        if m >= MIN_CONTEXT or m == j + 1:
+            lengths[j] = m
     if not lengths:
         return None
     best = max(lengths.values())
-    if best < MIN_CONTEXT:
-        return None
     nxt = {tokens[j + 1] for j, m in lengths.items() if m == best}
     if len(nxt) != 1:
         return None
     said = next(iter(nxt))
-    return said, sum(1 for j, m in lengths.items() if m >= MIN_CONTEXT and tokens[j + 1] == said)
+    return said, sum(1 for j in lengths if tokens[j + 1] == said)
 
 
 def sequence_deviant(coll: pd.DataFrame, rows: pd.DataFrame, group: str,

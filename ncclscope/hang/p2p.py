@@ -181,9 +181,13 @@ def _same(a: tuple, b: tuple) -> bool:
 def with_departure(ix: TraceIndex, f: Finding) -> Finding:
     """`f` (unmatched_p2p) with `cause.departure` when the absent rank left its own routine there
     (`_routine_departure`), else when its line's earlier calls all went to the poster and its last went
-    elsewhere (`with_peer_change`)."""
-    g = _routine_departure(ix, f)
-    return g if g is not f else with_peer_change(ix, f)
+    elsewhere (`with_peer_change`), else when its own unmatched op names a peer that never exchanges with it
+    (`with_crossed_peer`)."""
+    for rule in (_routine_departure, with_peer_change, with_crossed_peer):
+        g = rule(ix, f)
+        if g is not f:
+            return g
+    return f
 
 
 def _routine_departure(ix: TraceIndex, f: Finding) -> Finding:
@@ -285,3 +289,41 @@ def with_peer_change(ix: TraceIndex, f: Finding) -> Finding:
                     basis=CauseBasis.HISTORY)
     return replace(f, title=title, data={**d, "call_site": site}, cause=replace(f.cause, departure=dep),
                    involved=sorted({r, q, peer}))
+
+
+def with_crossed_peer(ix: TraceIndex, f: Finding) -> Finding:
+    """`f` (unmatched_p2p: rank q waits in a send to, or a recv from, rank r, which never posted the other
+    side) with `cause.departure` when r itself waits in an op of that other side with the same tag, but to or
+    from a rank x that never posts any send or recv with r in the whole trace.
+
+    Why: two unmatched ops that would pair if one of them named the other's rank are one mistake, and the
+    rank that made it is the one whose named peer has nothing to do with it: rank 0 of a ring posts its
+    irecv from rank 4 (a spare that does no p2p at all) while rank 3's isend to rank 0 waits. Rank 0 chose
+    the wrong peer, the first deviation; the unmatched send and any cycle through rank 4's next collective
+    are its consequences. Needs no earlier iteration (the mistake may be in the first), and is silent when x
+    exchanges with r anywhere in the trace (x may only be late: a skip), or when r waits in several such ops."""
+    d = f.data
+    r, q = int(f.cause.absent), int(f.cause.poster)
+    other = "recv" if d["side"] == "send" else "send"
+    p = ix.p2p
+    rank, peer = p["rank"].to_numpy(), p["peer"].to_numpy()
+    mine = p[rank == r]                 # the rank's own p2p ops first: the string columns of a few rows only
+    mine = mine[(mine["direction"].astype(str).to_numpy() == other) & (mine["tag"].to_numpy() == d["tag"])
+                & (mine["peer"].to_numpy() != q) & (mine["status"].astype(str).to_numpy() != S.STATUS_OK)]
+    if len(mine) != 1:
+        return f
+    x = int(mine["peer"].iloc[0])
+    if x < 0 or bool(((rank == x) & (peer == r)).any()) or bool(((rank == r) & (peer == x)).sum() > 1):
+        return f
+    row = mine.iloc[0]
+    site = str(row["call_site"])
+    prep = "to" if other == "send" else "from"
+    went = f"{row['op_name']} {prep} rank {x}"
+    title = (f"{rank_label(ix.trace, [r])} posted {went}{f' at {site}' if site else ''}, a rank that never "
+             f"sends to or receives from it; so rank {q}'s {d.get('op_name', d['side'])} #{int(d['seq'])} "
+             f"(tag {int(d['tag'])}) {'to' if other == 'recv' else 'from'} it, which that {other} would have "
+             f"matched, is never matched")
+    dep = Departure(step=int(row["step"]), call_site=site, went_site=site, went_op=went, position=-1,
+                    basis=CauseBasis.HISTORY)
+    return replace(f, title=title, data={**d, "call_site": site}, cause=replace(f.cause, departure=dep),
+                   involved=sorted({r, q, x}))
