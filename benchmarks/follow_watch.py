@@ -6,13 +6,15 @@
 For each layout it starts a healthy `ncclscope train` job sized to outlast the watch, and polls its run
 directory every `--poll-s` seconds exactly as `ncclscope tui RUN --follow` does: `Follower.poll()` (only
 the appended batches), then `tui.live_pace.LivePace.analyse`: the one verdict composer on the extended
-trace (the performance analyses rerun only when due) and the live hold (`tui.follow.hold_premature_hang`). A poll whose live headline is a hang or mismatch verdict (ALARMS) is a
-false verdict: it is printed with its poll number and the live note; with `--keep DIR` the trace that poll
-read is pickled there (`LAYOUT-pollN.pkl`: `pickle.load` it and call `LivePace().analyse(trace, True)` to
-reproduce); with `--keep-slow S` also the trace of every poll slower than S seconds
-(`LAYOUT-slow-pollN.pkl`: a slow poll froze the live view for that long). When the watch ends the job is
-stopped (its process group gets SIGTERM, then SIGKILL; also when the watcher itself gets SIGTERM) and the
-totals are printed: polls, false verdicts, the worst poll time.
+trace, each part when due (the hang diagnosis when something could change it, the performance analyses
+every few seconds), and the live hold (`tui.follow.hold_premature_hang`). A poll whose live headline is a
+hang or mismatch verdict (ALARMS) is a false verdict: it is printed with its poll number and the live
+note; with `--keep DIR` the trace that poll read is pickled there (`LAYOUT-pollN.pkl`: `pickle.load` it and
+call `LivePace().analyse(trace, True)` to reproduce); with `--keep-slow S` also the trace of every poll
+slower than S seconds (`LAYOUT-slow-pollN.pkl`: a slow poll froze the live view for that long). When the
+watch ends the job is stopped (its process group gets SIGTERM, then SIGKILL; also when the watcher itself
+gets SIGTERM) and the totals are printed: polls, false verdicts, a poll's seconds (median, 95th percentile,
+slowest, and the share that fit in one poll interval).
 
 Exit 0 when no poll gave a false verdict, 1 otherwise. Every job has a hard deadline: it cannot hang.
 """
