@@ -285,10 +285,15 @@ def with_peer_change(ix: TraceIndex, f: Finding) -> Finding:
              f"rank {q}; so rank {q}'s "
              f"{d.get('op_name', d['side'])} #{int(d['seq'])} (tag {int(d['tag'])}) "
              f"{'to' if other == 'recv' else 'from'} it is never matched")
-    dep = Departure(step=int(last["step"]), call_site=site, went_site=site, went_op=went, position=-1,
+    return _wrong_peer(f, title, int(last["step"]), site, went, {r, q, peer})
+
+
+def _wrong_peer(f: Finding, title: str, step: int, site: str, went: str, involved: set[int]) -> Finding:
+    """`f` retitled, with the departure of a rank whose op at `site` (in `step`) went to the wrong peer."""
+    dep = Departure(step=step, call_site=site, went_site=site, went_op=went, position=-1,
                     basis=CauseBasis.HISTORY)
-    return replace(f, title=title, data={**d, "call_site": site}, cause=replace(f.cause, departure=dep),
-                   involved=sorted({r, q, peer}))
+    return replace(f, title=title, data={**f.data, "call_site": site}, cause=replace(f.cause, departure=dep),
+                   involved=sorted(involved))
 
 
 def with_crossed_peer(ix: TraceIndex, f: Finding) -> Finding:
@@ -323,7 +328,4 @@ def with_crossed_peer(ix: TraceIndex, f: Finding) -> Finding:
              f"sends to or receives from it; so rank {q}'s {d.get('op_name', d['side'])} #{int(d['seq'])} "
              f"(tag {int(d['tag'])}) {'to' if other == 'recv' else 'from'} it, which that {other} would have "
              f"matched, is never matched")
-    dep = Departure(step=int(row["step"]), call_site=site, went_site=site, went_op=went, position=-1,
-                    basis=CauseBasis.HISTORY)
-    return replace(f, title=title, data={**d, "call_site": site}, cause=replace(f.cause, departure=dep),
-                   involved=sorted({r, q, x}))
+    return _wrong_peer(f, title, int(row["step"]), site, went, {r, q, x})
