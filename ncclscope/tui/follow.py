@@ -374,25 +374,35 @@ def hold_premature_hang(analysis: Any, trace: Trace) -> tuple[Any, str]:
     infl = mine[(status == "inflight").to_numpy()]
     if not len(infl):
         return (_without(analysis, hang), "live: waiting for ranks to start") if absent else (analysis, "")
-    now = trace.end_ns
-    cfg = trace.run.config
-    timeout_s = cfg.get("timeout_s") if isinstance(cfg.get("timeout_s"), (int, float)) else None
-    done = ops[(ops["status"].astype(str) == "ok").to_numpy()]
-    median = done.groupby(done["op_name"].astype(str))["duration_ns"].median() / 1e9 if len(done) else None
-    worst, worst_ratio = None, 0.0
-    for row in infl.itertuples(index=False):       # the in-flight ops of the named ranks: a handful
-        name = str(row.op_name)
-        med = float(median.get(name, np.nan)) if median is not None else np.nan
-        limit = wait_threshold_s(med, timeout_s)
-        wait = max(now - int(row.start_ns), 0) / 1e9
-        if wait / limit > worst_ratio or worst is None:
-            worst, worst_ratio = (int(row.rank), name, wait, limit), wait / limit
+    worst, worst_ratio = worst_wait(trace, infl)        # the in-flight ops of the named ranks: a handful
     if worst_ratio > 1.0:
         return analysis, ""
     rank, name, wait, limit = worst
     note = (f"live: rank {rank} in {name} for {wait:.1f} s, within its history; "
             f"a hang is called after {limit:.1f} s")
     return _without(analysis, hang), note
+
+
+def worst_wait(trace: Trace, infl: Any) -> tuple[tuple[int, str, float, float] | None, float]:
+    """Of the in-flight ops `infl` (rows of `trace.ops`), the one whose wait is furthest past its live
+    threshold (`wait_threshold_s`: its op's median duration over the trace's finished ops, the run's
+    --timeout-s): ((rank, op name, wait s, threshold s), wait / threshold); (None, 0.0) for no rows. Past
+    its threshold (a ratio over 1), a live job's wait is a hang."""
+    ops = trace.ops
+    cfg = trace.run.config
+    timeout_s = cfg.get("timeout_s") if isinstance(cfg.get("timeout_s"), (int, float)) else None
+    done = ops[(ops["status"].astype(str) == "ok").to_numpy()]
+    median = done.groupby(done["op_name"].astype(str))["duration_ns"].median() / 1e9 if len(done) else None
+    now = trace.end_ns
+    worst, worst_ratio = None, 0.0
+    for row in infl.itertuples(index=False):
+        name = str(row.op_name)
+        med = float(median.get(name, np.nan)) if median is not None else np.nan
+        limit = wait_threshold_s(med, timeout_s)
+        wait = max(now - int(row.start_ns), 0) / 1e9
+        if wait / limit > worst_ratio or worst is None:
+            worst, worst_ratio = (int(row.rank), name, wait, limit), wait / limit
+    return worst, worst_ratio
 
 
 def _without(analysis: Any, hang: list[Any]) -> Any:

@@ -30,8 +30,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
-
 from ncclscope import schema as S
 from ncclscope.load.opsjoin import STATUS_INFLIGHT
 
@@ -99,8 +97,9 @@ class LivePace:
 
 def something_happened(trace: Any) -> bool:
     """Anything in `trace` that could make a hang diagnosis show a finding live: an op in any status but ok
-    or in flight, or an op in flight longer than its live threshold (follow.wait_threshold_s)."""
-    from ncclscope.tui.follow import wait_threshold_s
+    or in flight, or an op of any rank in flight longer than its live threshold (the hold's own rule,
+    `follow.worst_wait`)."""
+    from ncclscope.tui.follow import worst_wait
     ops = trace.ops
     if not len(ops):
         return False
@@ -108,20 +107,7 @@ def something_happened(trace: Any) -> bool:
     if not bool(status.isin(_QUIET).all()):
         return True
     infl = (status == STATUS_INFLIGHT).to_numpy() & (ops["kind"] != S.KIND_MARKER).to_numpy()
-    if not infl.any():
-        return False
-    now = trace.end_ns
-    cfg = trace.run.config
-    timeout_s = cfg.get("timeout_s") if isinstance(cfg.get("timeout_s"), (int, float)) else None
-    names = ops["op_name"].to_numpy()[infl]
-    waits = np.maximum(now - ops["start_ns"].to_numpy()[infl], 0) / 1e9
-    done = (status == S.STATUS_OK).to_numpy()
-    for name in set(map(str, names)):
-        of_name = done & (ops["op_name"] == name).to_numpy()
-        med = float(np.median(ops["duration_ns"].to_numpy()[of_name])) / 1e9 if of_name.any() else np.nan
-        if float(waits[names.astype(str) == name].max()) > wait_threshold_s(med, timeout_s):
-            return True
-    return False
+    return bool(infl.any()) and worst_wait(trace, ops[infl])[1] > 1.0
 
 
 def _rank_states(trace: Any) -> tuple:
