@@ -25,8 +25,8 @@ BENCH = ROOT / "benchmarks"
 pytestmark = pytest.mark.timeout(300)
 
 
-def _doc(path: Path, engine: Engine | None) -> str:
-    trace = load_any(str(path), engine=engine)
+def _doc(path: Path, engine: Engine | None, ops_only: bool = False) -> str:
+    trace = load_any(str(path), engine=engine, ops_only=ops_only)
     return json.dumps(json_report(trace, run(trace)), indent=1, default=str)
 
 
@@ -67,7 +67,51 @@ def dumps(tmp_path_factory) -> Path:
 @pytest.mark.parametrize("sample", SAMPLES, ids=[p.name for p in SAMPLES])
 def test_every_sample_trace_reads_the_same_on_workers(sample, engine, monkeypatch):
     monkeypatch.setattr("ncclscope.engine.rank_chunks.chunk_size", lambda n, w: 1)   # one rank per task
-    assert _doc(sample, engine) == _doc(sample, None)
+    one = _doc(sample, None)
+    assert _doc(sample, engine) == one
+    assert _doc(sample, engine, ops_only=True) == one        # joined on the workers: no event rows here
+
+
+def _same_tables(a, b) -> None:
+    """Two Traces hold the same ops and marks (values, dtypes, categories in order) and event times."""
+    import pandas as pd
+    for x, y in ((a.ops, b.ops), (a.marks, b.marks)):
+        pd.testing.assert_frame_equal(x, y, check_exact=True, check_categorical=True)
+        for c in x.columns:
+            if isinstance(x[c].dtype, pd.CategoricalDtype):
+                assert list(x[c].cat.categories) == list(y[c].cat.categories), c
+    assert (a.start_ns, a.end_ns) == (b.start_ns, b.end_ns)
+    pd.testing.assert_series_equal(a.last_event_ns(), b.last_event_ns())
+    from ncclscope.perf.utilization import analyze_utilization
+    ua, ub = analyze_utilization(a), analyze_utilization(b)      # b's per-rank half was computed on the workers
+    assert "utilization" in b.partials and not a.partials
+    for name in ("per_rank", "idle", "waits", "series"):
+        pd.testing.assert_frame_equal(getattr(ua, name), getattr(ub, name), check_exact=True)
+    assert ua.source == ub.source
+
+
+def test_ops_joined_on_workers_are_the_ops_one_process_joins(synth, engine, tmp_path, monkeypatch):
+    """Chunks of several ranks, clocks with offsets, a rank with no directory and a torn events file: the driver
+    that gets ops and marks from the workers holds the tables one process builds from every event row."""
+    run_dir = tmp_path / "odd"
+    shutil.copytree(synth, run_dir)
+    for r in (3, 17, 40):
+        meta = run_dir / f"rank-{r:05d}" / "rank.json"
+        d = json.loads(meta.read_text())
+        d["clock_offset_ns"] = 1_000_000 * r
+        meta.write_text(json.dumps(d))
+    shutil.rmtree(run_dir / "rank-00021")
+    ev = run_dir / "rank-00030" / "events.arrows"
+    ev.write_bytes(ev.read_bytes()[: ev.stat().st_size // 2])
+    monkeypatch.setattr("ncclscope.engine.rank_chunks.chunk_size", lambda n, w: 7)
+    one = load_any(str(run_dir))
+    joined = load_any(str(run_dir), engine=engine, ops_only=True)
+    assert joined.ops_only and not one.ops_only
+    assert len(joined.events) == len(joined.marks) < len(one.events)
+    assert not len(joined.samples) and len(one.samples)          # read through the utilization's half only
+    _same_tables(one, joined)
+    assert joined.warnings == one.warnings
+    assert _doc(run_dir, engine, ops_only=True) == _doc(run_dir, None)
 
 
 def test_a_scale_trace_reads_the_same_on_workers_and_reports_progress(synth, engine):
@@ -159,6 +203,29 @@ def test_an_input_bigger_than_the_free_memory_is_one_line_exit_2_before_any_read
     assert main(["analyze", str(synth), "--json"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs at least" in err and "1 MB" not in err and "--workers" in err
+
+
+def test_the_memory_check_asks_less_of_a_run_directory_joined_on_workers(synth, dumps, monkeypatch):
+    """On an engine a run directory's events are joined on the workers (the driver holds ops and marks):
+    an input refused in one process passes the check there, with advice that names --workers in one process
+    only; Flight Recorder dumps are held whole in every mode."""
+    import types
+
+    from ncclscope.cli import memory_guard
+    from ncclscope.cli.inputs import UsageError
+    size = memory_guard.input_bytes(str(synth))
+    fake = types.SimpleNamespace(available=size, total=1 << 50)        # between 0.7 and 1.2 bytes per byte
+    monkeypatch.setattr(memory_guard.psutil, "virtual_memory", lambda: fake)
+    with pytest.raises(UsageError, match="--workers N"):
+        memory_guard.check_fits(str(synth))
+    assert memory_guard.check_fits(str(synth), joined=lambda n: True) == size
+    fake.available = int(size * 0.5)
+    with pytest.raises(UsageError, match="more memory") as err:
+        memory_guard.check_fits(str(synth), joined=lambda n: True)
+    assert "--workers" not in str(err.value)
+    fake.available = memory_guard.input_bytes(str(dumps))
+    with pytest.raises(UsageError):
+        memory_guard.check_fits(str(dumps), joined=lambda n: True)
 
 
 def test_the_watchdog_stops_the_analysis_with_one_line_before_the_machine_runs_out(monkeypatch, capsys):

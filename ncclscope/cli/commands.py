@@ -14,20 +14,22 @@ from typing import Any
 
 from ncclscope.cli.inputs import (EXIT_OK, EXIT_UNREADABLE, UsageError, first_line, load_input, progress,
                                   writable_dir, writable_file)
-from ncclscope.cli.engine_args import engine_for
+from ncclscope.cli.engine_args import engine_for, engine_wanted
 from ncclscope.cli.memory_guard import check_fits
 from ncclscope.cli.output import clean, json_report, plural, print_report, print_warnings
 
 
-def read_input(ns: argparse.Namespace, quiet: bool = False) -> Any:
+def read_input(ns: argparse.Namespace, quiet: bool = False, ops_only: bool = False) -> Any:
     """`ns.run` read in the mode its flags ask for (engine_args.py), after the memory check; None after a
-    one-line error. `quiet`: no progress lines (--json)."""
-    size = check_fits(ns.run)     # UsageError (exit 2) when the input alone is bigger than the free memory
+    one-line error. `quiet`: no progress lines (--json). `ops_only`: on an engine, no event rows come to this
+    process, only the ops and marks every analysis reads (engine/ops_chunks.py; not for exports)."""
+    # UsageError (exit 2) when the input alone is bigger than the free memory
+    size = check_fits(ns.run, joined=lambda size: ops_only and engine_wanted(ns, size))
     world = getattr(ns, "world_size", None)
     if world is not None and world < 1:
         raise UsageError(f"--world-size {world}: give the job's number of ranks (1 or more)")
     with engine_for(ns, ns.run, quiet, size) as engine:
-        return load_input(ns.run, engine, world)
+        return load_input(ns.run, engine, world, ops_only=ops_only)
 
 
 def run_analyses(trace: Any) -> Any:
@@ -37,7 +39,7 @@ def run_analyses(trace: Any) -> Any:
 
 
 def cmd_analyze(ns: argparse.Namespace) -> int:
-    trace = read_input(ns, quiet=ns.json)
+    trace = read_input(ns, quiet=ns.json, ops_only=True)
     if trace is None:
         return EXIT_UNREADABLE
     print_warnings(trace)
@@ -53,7 +55,7 @@ def cmd_analyze(ns: argparse.Namespace) -> int:
 def cmd_report(ns: argparse.Namespace) -> int:
     from ncclscope.report.html import write_report
     out = writable_file(ns.output or "report.html", "-o")   # checked before minutes of analysis
-    trace = read_input(ns)
+    trace = read_input(ns, ops_only=True)
     if trace is None:
         return EXIT_UNREADABLE
     print_warnings(trace)

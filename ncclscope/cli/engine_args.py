@@ -35,6 +35,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
                         "with --scheduler, a path every worker and this process share)")
 
 
+def engine_wanted(ns: argparse.Namespace | None, size: int) -> bool:
+    """Whether `engine_for` opens an engine for an input of `size` bytes (the flags, else the size)."""
+    workers = getattr(ns, "workers", None) if ns is not None else None
+    scheduler = getattr(ns, "scheduler", "") if ns is not None else ""
+    return bool(scheduler) or bool(workers) or (workers is None and size >= AUTO_BYTES)
+
+
 @contextmanager
 def engine_for(ns: argparse.Namespace | None, path: str, quiet: bool, size: int | None = None) -> Iterator[Any]:
     """The engine `ns` asks for (None: read in this process); a UsageError (exit 2) when it cannot start.
@@ -47,8 +54,7 @@ def engine_for(ns: argparse.Namespace | None, path: str, quiet: bool, size: int 
         raise UsageError("--workers and --scheduler: give one (the cluster at --scheduler has its own workers)")
     if size is None and workers is None and not scheduler:
         size = input_bytes(path, AUTO_BYTES)
-    wanted = bool(scheduler) or bool(workers) or (workers is None and (size or 0) >= AUTO_BYTES)
-    if not wanted:
+    if not engine_wanted(ns, size or 0):
         yield None
         return
     from ncclscope.engine.cluster import EngineError, open_engine, stderr_progress

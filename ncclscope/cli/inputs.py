@@ -19,7 +19,7 @@ class UsageError(Exception):
     """A command line that cannot work (an output path that cannot be written); exit 2, one line."""
 
 
-def load_input(path: str, engine: Any = None, world_size: int | None = None) -> Any:
+def load_input(path: str, engine: Any = None, world_size: int | None = None, ops_only: bool = False) -> Any:
     """Any supported input (run directory, Flight Recorder dumps, profiler
     traces), or None after a one-line error on stderr. A spinner on stderr
     (only when stderr is a terminal) shows a load that takes a while; with an
@@ -29,7 +29,7 @@ def load_input(path: str, engine: Any = None, world_size: int | None = None) -> 
     from ncclscope.load.trace import TraceError
     try:
         with progress(f"reading {path}") if engine is None else nullcontext():
-            return load_any(path, engine=engine, world_size=world_size)
+            return load_any(path, engine=engine, world_size=world_size, ops_only=ops_only)
     except TraceError as exc:
         print(f"ncclscope: {clean(exc)}", file=sys.stderr)
     except (OSError, ValueError, RecursionError, MemoryError) as exc:   # a reader that did not word its error

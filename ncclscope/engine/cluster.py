@@ -85,8 +85,13 @@ class Engine:
         for path in self.map_ordered(run_to_file, paths, what, sizes):
             yield load_result(path, kind)
 
-    def read_rank_dirs(self, loader: Any, dirs: Any) -> None:
-        """Stage 1 for a run directory (`load.trace.load` calls this when given an engine)."""
+    def read_rank_dirs(self, loader: Any, dirs: Any, joined: bool = False) -> None:
+        """Stage 1 for a run directory (`load.trace.load` calls this when given an engine); `joined`: the
+        begin/end join too, on the workers, and no event rows to the driver (engine/ops_chunks.py)."""
+        if joined:
+            from ncclscope.engine.ops_chunks import read_rank_dirs_joined
+            read_rank_dirs_joined(self, loader, dirs)
+            return
         from ncclscope.engine.rank_chunks import read_rank_dirs
         read_rank_dirs(self, loader, dirs)
 

@@ -47,7 +47,7 @@ class RankChunk:
     stacks: dict[int, str]
     warnings: list[str]
     views: list[Any]                     # ("view", warnings before it, rank, raw, where), in add order
-    events: Columns
+    events: Columns | None               # None once joined into ops on the worker (ops_chunks.py)
     metrics: Columns
     samples: Columns
     declared_world: int = 0
@@ -84,7 +84,8 @@ def merge_chunk(loader: RunDirLoader, chunk: RankChunk) -> None:
     loader.declared_world = max(loader.declared_world, chunk.declared_world)
     for mine, theirs in ((loader.events, chunk.events), (loader.metrics, chunk.metrics),
                          (loader.samples, chunk.samples)):
-        absorb(mine, theirs)
+        if theirs is not None:           # None: the chunk's events were joined into ops there (ops_chunks.py)
+            absorb(mine, theirs)
 
 
 def absorb(into: Columns, part: Columns) -> None:

@@ -34,7 +34,7 @@ NONMEMBER_LAYOUT = ("call_site", "basis", "wrong_group", "calls", "step", "wrong
 def find_nonmember_calls(source: IndexLike) -> list[Finding]:
     """The `not_member` marker rows, one finding per (rank, op, call site), hang-explaining ones first."""
     ix = as_index(source)
-    ev = ix.trace.events
+    ev = ix.trace.marks
     if not len(ev) or "status" not in ev.columns:
         return []
     hit = (ev["status"] == S.STATUS_NOT_MEMBER).to_numpy()     # on the categorical: no string per event

@@ -54,7 +54,7 @@ def dump_gaps(ix: Any) -> pd.DataFrame | None:
     None where that cannot be said for every rank: no dump markers (not a dump, or file times not trusted),
     a rank without a marker or a collective, no usable time (wording.wait_ns), no timeout."""
     present = sorted(int(r) for r in ix.trace.present_ranks)
-    ev, coll = ix.trace.events, ix.coll
+    ev, coll = ix.trace.marks, ix.coll
     if not len(ev) or not len(coll) or "timeout_ms" not in ix.trace.ops.columns:
         return None
     marks = ev[(ev["op_name"].astype(str) == DUMP_MARKER).to_numpy()]

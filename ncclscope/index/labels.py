@@ -69,8 +69,7 @@ def seconds(ns: float) -> str:
 
 
 def trace_start_ns(trace: Trace) -> int:
-    ev = trace.events
-    return int(ev["t_ns"].min()) if len(ev) else 0
+    return trace.start_ns
 
 
 

@@ -114,7 +114,7 @@ def _last_rows(ops: pd.DataFrame, mask: np.ndarray) -> pd.DataFrame:
 
 def _heartbeats(trace: Trace) -> tuple[pd.DataFrame, int]:
     """Per-rank last heartbeat and whether it stopped early; returns (table, stale threshold ns)."""
-    ev = trace.events
+    ev = trace.marks
     hb = ev[(ev["op_name"] == S.HEARTBEAT).to_numpy()]
     if not len(hb):
         return pd.DataFrame(columns=["last_hb_ns"]), STALE_FLOOR_NS
@@ -141,9 +141,7 @@ def rank_states(trace: Trace, ops: pd.DataFrame, blocking: pd.DataFrame, computi
     st["end_status"] = [info[r].end_status if r in info else "" for r in ranks]
 
     hb, threshold = _heartbeats(trace)
-    ev = trace.events
-    last_event = ev.groupby("rank", observed=True)["t_ns"].max() if len(ev) else pd.Series(dtype="int64")
-    last_event.index = last_event.index.astype("int64")
+    last_event = trace.last_event_ns()
     st["last_event_ns"] = last_event.reindex(ranks).fillna(-1).astype("int64")
     st["last_hb_ns"] = (hb["last_hb_ns"].reindex(ranks) if len(hb) else pd.Series(np.nan, index=ranks))
     have_hb = len(hb) > 0

@@ -14,6 +14,17 @@ from ncclscope.load.columns import column_equals
 from ncclscope.load.heap import copy_on_write
 
 STATUS_INFLIGHT = "inflight"     # an op's status in `Trace.ops` when it has no end row (the evidence of a hang)
+# what the join adds to an event column's categories in the ops: the status of an op with no end row, and the
+# message of an op with no end row (the empty one)
+_JOIN_ADDS = {"status": STATUS_INFLIGHT, "message": ""}
+
+
+def ops_categories(column: str, event_categories: list[str]) -> list[str]:
+    """The categories of an ops column, given those of the event column it comes from (the engine's driver
+    builds the ops of chunks joined on workers with these: engine/ops_chunks.py)."""
+    cats = list(event_categories) or [""]
+    extra = _JOIN_ADDS.get(column)
+    return cats + [extra] if extra is not None and extra not in cats else cats
 
 
 def build_ops(events: pd.DataFrame) -> pd.DataFrame:
@@ -60,6 +71,14 @@ def build_ops(events: pd.DataFrame) -> pd.DataFrame:
     return _finish(ops_from_join(events, begin_rows, match, found))
 
 
+def marks_of(events: pd.DataFrame) -> pd.DataFrame:
+    """The rows of `events` that are neither a begin nor an end row (`Trace.marks`), index 0..n-1."""
+    if not len(events):
+        return events.iloc[0:0].reset_index(drop=True)
+    op_row = column_equals(events["phase"], S.PHASE_BEGIN) | column_equals(events["phase"], S.PHASE_END)
+    return events[~op_row].reset_index(drop=True)
+
+
 def _direct_join(n_rows: int, ekeys: np.ndarray, end_rows: np.ndarray,
                  bkeys: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
     """(found, match) of `build_ops`' join by direct addressing, or None where it does not apply.
@@ -72,12 +91,16 @@ def _direct_join(n_rows: int, ekeys: np.ndarray, end_rows: np.ndarray,
     if not len(ekeys) or not len(bkeys):
         return None
     mask = (1 << 40) - 1
-    if int(min(ekeys.min(), bkeys.min())) < 0:                  # a negative rank
+    low = int(min(ekeys.min(), bkeys.min()))
+    if low < 0:                                                  # a negative rank
         return None
-    ranks = int(max(ekeys.max(), bkeys.max())) >> 40
+    base = (low >> 40) << 40          # the lowest rank's slots first (an engine's chunk starts at any rank)
+    ranks = (int(max(ekeys.max(), bkeys.max())) - base) >> 40
     width = max(int((ekeys & mask).max()), int((bkeys & mask).max())) + 1
     if (ranks + 1) * width > max(2 * n_rows, 1 << 16):
         return None
+    if base:
+        ekeys, bkeys = ekeys - base, bkeys - base
     table = np.full((ranks + 1) * width, -1, dtype=np.int32 if n_rows < 2**31 else np.int64)
     # an op with several end rows: the last one written (the highest row) wins, as in the sorted join
     np.maximum.at(table, (ekeys >> 40) * width + (ekeys & mask), end_rows.astype(table.dtype, copy=False))
@@ -112,9 +135,7 @@ def ops_from_join(events: pd.DataFrame, begin_rows: np.ndarray, match: np.ndarra
     status = events["status"]
     if not isinstance(status.dtype, pd.CategoricalDtype):
         status = status.astype("category")
-    cats = [str(c) for c in status.cat.categories]
-    if STATUS_INFLIGHT not in cats:
-        cats.append(STATUS_INFLIGHT)
+    cats = ops_categories("status", [str(c) for c in status.cat.categories])
     codes = status.cat.codes.to_numpy()[np.maximum(match, 0)].astype(np.int32)
     codes = np.where(found, codes, cats.index(STATUS_INFLIGHT))
     ops["end_ns"] = end_ns

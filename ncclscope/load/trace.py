@@ -16,11 +16,10 @@ Tables (pandas, one row per record, all ranks concatenated):
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
 import pyarrow as pa
 
 from ncclscope.load import safe_io
@@ -34,99 +33,9 @@ from ncclscope.load.opsjoin import build_ops
 from ncclscope.load.groupviews import GroupViews
 from ncclscope.load.ipc_read import read_stream_lazy
 from ncclscope.load.run_info import RankExit, RunInfo
+from ncclscope.load.trace_model import RankInfo, Trace
 
-
-@dataclass
-class RankInfo:
-    """What is known about one rank, from rank.json and run.json."""
-
-    rank: int
-    present: bool = False                  # its directory exists
-    host: str = ""
-    pid: int = -1
-    device: str = ""
-    clock_offset_ns: int = 0               # add to local time to get rank 0's time
-    clock_uncertainty_ns: int = 0
-    host_cpus: int = 0                     # cores the rank's process could use (0: not recorded)
-    coords: dict[str, int] = field(default_factory=dict)   # tp/cp/dp/pp/ep index
-    end_status: str = ""                   # rank.json "end": ok | error | "" (never ended)
-    end_message: str = ""
-    exitcode: int | None = None            # from run.json (launcher); None if unknown
-    signal: str | None = None              # e.g. "SIGKILL" when killed by a signal
-    stopped_by_launcher: bool = False      # still running when the launcher ended the job
-    call_sites: dict[str, tuple[str, int]] = field(default_factory=dict)   # site -> (function, def line): rank.json
-    cwd: str = ""                          # the process's working directory (relative call sites are in it)
-    group_sites: dict[str, str] = field(default_factory=dict)   # group -> the line that created it (usertrace)
-    group_ids: dict[str, int] = field(default_factory=dict)     # group -> its FR pg_id here (docs/ingest.md)
-
-    @property
-    def died(self) -> bool:
-        """A signal or an error ended the process (state killed or failed), not the launcher's stop."""
-        return self.state in ("killed", "failed")
-
-    @property
-    def state(self) -> str:
-        """finished | failed | killed | stopped | unknown | missing: how the process ended.
-
-        "stopped" means the rank was still alive (hung or waiting) when the
-        launcher (or torchrun's agent, or a scheduler's SIGTERM) ended the job;
-        "killed" means a signal ended it first."""
-        if not self.present:
-            return "missing"
-        if self.signal and not self.stopped_by_launcher:
-            return "killed"
-        terminated = self.end_status == "error" and self.end_message == S.END_TERMINATED
-        if self.stopped_by_launcher or terminated:
-            # SIGTERM's evidence path ended it: the job was being stopped (after another rank's
-            # failure, or by a scheduler), which is not a failure of this rank's own
-            return "failed" if self.end_status == "error" and not terminated else "stopped"
-        if self.exitcode is not None and self.exitcode != 0:
-            return "failed"
-        if self.end_status == "ok" or self.exitcode == 0:
-            return "finished"
-        if self.end_status == "error":
-            return "failed"
-        return "unknown"
-
-
-@dataclass
-class Trace:
-    path: Path
-    run: RunInfo                   # run.json (or what a foreign reader synthesized), typed: load/run_info.py
-    world_size: int
-    ranks: dict[int, RankInfo]
-    events: pd.DataFrame
-    ops: pd.DataFrame
-    metrics: pd.DataFrame
-    samples: pd.DataFrame
-    groups: pd.DataFrame
-    stacks: dict[int, str]
-    warnings: list[str]
-    group_views: "GroupViews | None" = None
-
-    @property
-    def present_ranks(self) -> list[int]:
-        return sorted(r for r, info in self.ranks.items() if info.present)
-
-    @property
-    def end_ns(self) -> int:
-        """Latest aligned time seen anywhere in the trace (the 'now' of a post-mortem)."""
-        t = int(self.events["t_ns"].max()) if len(self.events) else 0
-        if len(self.samples):
-            t = max(t, int(self.samples["time_ns"].max()))
-        return t
-
-    def group_members(self) -> dict[str, list[int]]:
-        """Group name -> member ranks, taking the view most ranks agree on."""
-        if self.group_views is not None:
-            return self.group_views.majority()
-        views = GroupViews()
-        views.add_rows(self.groups.to_dict("records"))
-        return views.majority()
-
-    def last_heartbeat_ns(self) -> dict[int, int]:
-        hb = self.events[self.events["op_name"] == S.HEARTBEAT]
-        return {int(r): int(t) for r, t in hb.groupby("rank", observed=True)["t_ns"].max().items()}
+__all__ = ["RankInfo", "Trace", "TraceError", "RunDirLoader", "Tables", "apply_exit", "assemble", "load"]
 
 
 def _empty(schema: pa.Schema) -> pa.Table:
@@ -294,6 +203,7 @@ class RunDirLoader:
         self.metrics = Columns(S.METRICS_SCHEMA)
         self.samples = Columns(S.SAMPLES_SCHEMA)
         self.declared_world = 0              # the highest world_size a rank.json declares (0: none)
+        self.joined: Any = None              # an engine's ops, marks and times (engine/ops_chunks.py), if any
 
     def add_rank(self, r: int, d: Path) -> None:
         """One rank directory: rank.json, its group view, its three streams (and Flight Recorder dump), stacks.
@@ -350,7 +260,8 @@ class RunDirLoader:
         self.views.resolve(self.warnings)
         return assemble(root, run, world_size, ranks, Tables(events=self.events, metrics=self.metrics,
                                                                samples=self.samples, group_views=self.views,
-                                                               stacks=self.stacks, warnings=self.warnings))
+                                                               stacks=self.stacks, warnings=self.warnings,
+                                                               joined=self.joined))
 
 
 def apply_exit(info: RankInfo, ex: RankExit) -> None:
@@ -376,8 +287,10 @@ def _rank_info(r: int, meta: dict[str, Any]) -> RankInfo:
     )
 
 
-def load(path: str | os.PathLike[str], engine: Any = None) -> Trace:
-    """A run directory's Trace (`engine`: read on its workers, the same Trace); TraceError only if nothing is."""
+def load(path: str | os.PathLike[str], engine: Any = None, ops_only: bool = False) -> Trace:
+    """A run directory's Trace (`engine`: read on its workers, the same Trace); TraceError only if nothing is.
+    `ops_only` (with an engine): the begin/end rows are joined on the workers and only the ops and the marks
+    come to this process (`Trace.ops_only`; every analysis answers the same, the TUI and exports need events)."""
     root = Path(path)
     no_hugepages()          # big fresh arrays from here on: heap.no_hugepages says why
     if not root.exists():
@@ -391,7 +304,7 @@ def load(path: str | os.PathLike[str], engine: Any = None) -> Trace:
         raise TraceError(f"{root}: no rank-NNNNN directories (is this a run directory?)")
     loader = RunDirLoader(root, warnings)
     if engine is not None:
-        engine.read_rank_dirs(loader, dirs)
+        engine.read_rank_dirs(loader, dirs, joined=ops_only)
     else:
         for r, d in dirs.items():
             loader.add_rank(r, d)
@@ -412,6 +325,7 @@ class Tables:
     group_views: GroupViews | None = None
     stacks: dict[int, str] | None = None
     warnings: list[str] | None = None
+    joined: Any = None        # engine/ops_chunks.JoinedTables: ops, marks and times instead of event rows
 
 
 def assemble(path: Path, run: RunInfo, world_size: int, ranks: dict[int, RankInfo], tables: Tables) -> Trace:
@@ -419,14 +333,18 @@ def assemble(path: Path, run: RunInfo, world_size: int, ranks: dict[int, RankInf
     foreign-format readers in `load/foreign/`, so every analysis sees one shape.
     The table lists are consumed (emptied) to keep peak memory near one copy."""
     no_hugepages()
-    # begin rows first: the ops columns are then views of them (`Columns.frame`, `opsjoin.ops_from_join`)
-    events = fill_ints(as_columns(tables.events, S.EVENTS_SCHEMA).frame(lead=("phase", S.PHASE_BEGIN)),
-                        S.EVENTS_SCHEMA)
+    joined = tables.joined
     offsets = {r: int(info.clock_offset_ns) for r, info in ranks.items()}
-    if any(offsets.values()):
-        events["t_ns"] = aligned_times(events["time_ns"].to_numpy(), events["rank"].to_numpy(), offsets)
-    else:        # one clock (one host, a dump): t_ns is time_ns, one buffer under copy-on-write
-        events["t_ns"] = events["time_ns"] if copy_on_write() else events["time_ns"].copy()
+    if joined is not None:     # joined on an engine's workers, times aligned there: the marks stand for events
+        events = joined.marks
+    else:
+        # begin rows first: the ops columns are then views of them (`Columns.frame`, `opsjoin.ops_from_join`)
+        events = fill_ints(as_columns(tables.events, S.EVENTS_SCHEMA).frame(lead=("phase", S.PHASE_BEGIN)),
+                           S.EVENTS_SCHEMA)
+        if any(offsets.values()):
+            events["t_ns"] = aligned_times(events["time_ns"].to_numpy(), events["rank"].to_numpy(), offsets)
+        else:        # one clock (one host, a dump): t_ns is time_ns, one buffer under copy-on-write
+            events["t_ns"] = events["time_ns"] if copy_on_write() else events["time_ns"].copy()
     metrics = fill_ints(as_columns(tables.metrics, S.METRICS_SCHEMA).frame(), S.METRICS_SCHEMA)
     samples = fill_ints(as_columns(tables.samples, S.SAMPLES_SCHEMA).frame(), S.SAMPLES_SCHEMA)
     if len(samples):
@@ -438,12 +356,15 @@ def assemble(path: Path, run: RunInfo, world_size: int, ranks: dict[int, RankInf
         group_views = GroupViews()
         group_views.add_rows(tables.group_rows or [])
     groups = group_views.table()
-    ops = build_ops(events)
+    ops = joined.ops if joined is not None else build_ops(events)
     trim()
     return Trace(
         group_views=group_views,
         path=path, run=run, world_size=world_size, ranks=dict(sorted(ranks.items())), events=events,
         ops=ops, metrics=metrics, samples=samples, groups=groups, stacks=tables.stacks or {},
         warnings=tables.warnings if tables.warnings is not None else [],
+        bounds_ns=joined.bounds_ns if joined is not None else None,
+        rank_last_ns=joined.rank_last_ns if joined is not None else None, ops_only=joined is not None,
+        partials=dict(joined.partials) if joined is not None else {},
     )
 

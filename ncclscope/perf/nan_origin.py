@@ -93,7 +93,7 @@ def _happens_after(trace: Trace, first: pd.DataFrame) -> set[int]:
 def nonfinite_markers(trace: Trace) -> pd.DataFrame:
     """The `nonfinite` (and `nan`) marker rows: rank, step, microbatch, op_name, message, t_ns."""
     cols = ["rank", "step", "microbatch", "op_name", "message", "t_ns"]
-    ev = trace.events
+    ev = trace.marks
     if not len(ev):
         return pd.DataFrame(columns=cols)
     # markers first, on the categorical kind: decoding 10 M op names to strings costs hundreds of MB

@@ -32,8 +32,8 @@ class UtilResult:
     findings: list = field(default_factory=list)
 
 
-def _util_series(trace: Trace) -> tuple[pd.DataFrame, str]:
-    s = trace.samples
+def _util_series(s: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """(rank, time_ns, util) of every sample with a finite value, in (rank, time) order, and its source."""
     if not len(s):
         return pd.DataFrame(columns=["rank", "time_ns", "util"]), ""
     nvml = s["source"] == "nvml"                 # on the categorical as it is: no string per sample
@@ -46,16 +46,30 @@ def _util_series(trace: Trace) -> tuple[pd.DataFrame, str]:
     else:
         t = t.copy()                             # the frame owns its columns (the samples' stay as they are)
     out = pd.DataFrame({"rank": rank, "time_ns": t, "util": util}, copy=False)
-    # the loader gives samples in (rank, time) order: then the (stable, multi-key) sort would only copy them
+    # the loader gives samples in (rank, time) order: then the (stable, multi-key) sort would only copy them.
+    # Stable, so that the ranks of an engine's chunks, sorted chunk by chunk, are in this order too
     ordered = len(rank) < 2 or bool(((rank[1:] > rank[:-1]) | ((rank[1:] == rank[:-1]) & (t[1:] >= t[:-1]))).all())
-    return (out if ordered else out.sort_values(["rank", "time_ns"]).reset_index(drop=True)), source
+    return (out if ordered else out.sort_values(["rank", "time_ns"], kind="stable").reset_index(drop=True)), source
 
 
-def analyze_utilization(trace: Trace, idle_pct: float = 10.0) -> UtilResult:
-    res = UtilResult()
-    series, res.source = _util_series(trace)
-    res.series = series
-    o = trace.ops
+@dataclass
+class UtilParts:
+    """The per-rank half of the analysis: every row of it is one rank's own, so an engine computes it where
+    each chunk of ranks was read (engine/ops_chunks.py) and `merge_util_parts` puts the chunks together
+    into what one pass over the whole trace gives. The rest (waits, top waits) is `analyze_utilization`'s."""
+
+    per: pd.DataFrame             # index rank: active_ns, compute_ns, compute_frac [, samples, util_mean, ...]
+    idle: pd.DataFrame | None     # WAIT_COLUMNS in (rank, time) order; None without samples
+    series: pd.DataFrame          # rank, time_ns, util
+    source: str
+    idle_pct: float
+
+
+def utilization_parts(o: pd.DataFrame, samples: pd.DataFrame, idle_pct: float = 10.0,
+                      trace: Trace | None = None) -> UtilParts:
+    """Per rank: its active span, compute time, sample statistics and idle samples joined to the op in
+    flight, from its ops `o` and `samples` (any set of whole ranks). `trace`: whose heap to release."""
+    series, source = _util_series(samples)
     real = (o["kind"] != "marker").to_numpy()
     cols = ["rank", "kind", "op_name", "process_group", "peer", "start_ns", "end_ns"]
     ops = o[cols] if real.all() else o.loc[real, cols]     # no copy of every op when none is a marker
@@ -69,13 +83,70 @@ def analyze_utilization(trace: Trace, idle_pct: float = 10.0) -> UtilResult:
     release_heap(trace)  # and their heap, with the sweep's, goes back before the join's bigger arrays are mapped
     per["compute_ns"] = busy[per.index.to_numpy()] if len(busy) else 0.0
     per["compute_frac"] = per["compute_ns"] / per["active_ns"].where(per["active_ns"] > 0)
+    idle = None
     if len(series):
         g = series.groupby("rank")["util"]
         st = pd.DataFrame({"samples": g.size(), "util_mean": g.mean(), "util_p10": g.quantile(0.1),
                            "idle_frac": (series["util"] < idle_pct).groupby(series["rank"]).mean()})
         per = per.join(st, how="outer")
-        idle = series[series["util"] < idle_pct]
-        res.idle = _join_inflight(idle, ops)
+        idle = _join_inflight(series[series["util"] < idle_pct], ops)
+    return UtilParts(per=per, idle=idle, series=series, source=source, idle_pct=idle_pct)
+
+
+PER_COLUMNS = ["active_ns", "compute_ns", "compute_frac", "samples", "util_mean", "util_p10", "idle_frac"]
+
+
+def merge_util_parts(parts: list[UtilParts]) -> UtilParts:
+    """Chunks of whole ranks, in rank order, as one UtilParts: the one `utilization_parts` gives on them all
+    (columns in one order, the wait labels' categories sorted over every chunk as `_label_column` sorts
+    them; an empty chunk adds nothing that would change a column's type)."""
+    if len(parts) == 1:
+        return parts[0]
+    pers = [p.per for p in parts if len(p.per)] or [parts[0].per]
+    per = pd.concat(pers) if len(pers) > 1 else pers[0]
+    per = per[[c for c in PER_COLUMNS if c in per.columns]]
+    sers = [p.series for p in parts if len(p.series)]
+    series = pd.concat(sers, ignore_index=True) if sers else parts[0].series
+    sources = [p.source for p in parts if p.source]
+    source = "nvml gpu_util" if "nvml gpu_util" in sources else (sources[0] if sources else "")
+    idles = [p.idle for p in parts if p.idle is not None]
+    idle = None
+    if idles:
+        full = [d for d in idles if len(d)]
+        idle = _concat_idle(full) if full else idles[0]
+    return UtilParts(per=per, idle=idle, series=series, source=source, idle_pct=parts[0].idle_pct)
+
+
+def _concat_idle(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """Joined idle samples of several chunks: their `waiting_on` labels remapped into the categories that
+    `_label_column` gives all of them at once (distinct labels, sorted)."""
+    if len(frames) == 1:
+        return frames[0]
+    labels = pd.unique(np.concatenate([np.asarray(f["waiting_on"].cat.categories, dtype=object) for f in frames]))
+    names = np.asarray([str(u) for u in labels], dtype=object)
+    names = names[np.argsort(names.astype(str), kind="stable")]
+    pos = {v: i for i, v in enumerate(names)}
+    small = np.int8 if len(names) < 127 else np.int16 if len(names) < 32_000 else np.int32
+    codes = []
+    for f in frames:
+        lut = np.asarray([pos[str(v)] for v in f["waiting_on"].cat.categories], dtype=np.int64)
+        codes.append(lut[f["waiting_on"].cat.codes.to_numpy()])
+    out = pd.concat([f.drop(columns="waiting_on") for f in frames], ignore_index=True)
+    out["waiting_on"] = pd.Categorical.from_codes(np.concatenate(codes).astype(small),
+                                                  categories=pd.Index(names, dtype=object))
+    return out
+
+
+def analyze_utilization(trace: Trace, idle_pct: float = 10.0) -> UtilResult:
+    """Per rank, how busy it was and what it waited on. The per-rank half comes from the engine's workers
+    when they computed it (`trace.partials`), else from the whole trace here: the same either way."""
+    parts = (getattr(trace, "partials", None) or {}).get("utilization")
+    if parts is None or parts.idle_pct != idle_pct:
+        parts = utilization_parts(trace.ops, trace.samples, idle_pct, trace)
+    res = UtilResult(series=parts.series, source=parts.source)
+    per = parts.per.copy()
+    if parts.idle is not None:
+        res.idle = parts.idle
         if len(res.idle):
             w = res.idle.groupby(["rank", "waiting_on"]).size().rename("samples").reset_index()
             res.waits = w.sort_values(["rank", "samples"], ascending=[True, False]).reset_index(drop=True)

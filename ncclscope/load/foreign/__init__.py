@@ -22,8 +22,8 @@ __all__ = ["load_any", "normalize_dtype", "dtype_itemsize", "normalize_op", "gro
            "events_table", "coded", "parse_ranks", "P2P_OPS"]
 
 
-def load_any(path: Any, engine: Any = None, world_size: int | None = None) -> Any:
+def load_any(path: Any, engine: Any = None, world_size: int | None = None, ops_only: bool = False) -> Any:
     """Load a run directory, a Flight Recorder dump directory or a profiler trace directory (`engine`: on
     its workers, ncclscope.engine; `world_size`: the job's ranks, for Flight Recorder dumps)."""
     from ncclscope.load.foreign.detect import load_any as _load_any
-    return _load_any(path, engine=engine, world_size=world_size)
+    return _load_any(path, engine=engine, world_size=world_size, ops_only=ops_only)

@@ -175,16 +175,19 @@ def _head(path: Path) -> bytes:
 
 
 def load_any(path: str | os.PathLike[str], *more: str | os.PathLike[str], engine: Any = None,
-             world_size: int | None = None) -> Trace:
+             world_size: int | None = None, ops_only: bool = False) -> Trace:
     """Load any input ncclscope understands into one Trace (see module docstring); `more`: further
     paths of the same job (NCCL evidence, or the one source of ops); `engine`: read run directories and
     Flight Recorder dumps on its workers (ncclscope.engine), the same Trace as without it; `world_size`:
     the job's number of ranks, for Flight Recorder dumps (the highest ranks may have left none, and gloo's
-    dumps list no group members); other inputs say their own, and a warning says it was not used."""
+    dumps list no group members); other inputs say their own, and a warning says it was not used.
+    `ops_only`: a run directory read on an engine brings its ops and marks, not its event rows, to this
+    process (load.trace.load), unless NCCL evidence is merged into it by event rows."""
     inputs = survey(path)
     for m in more:
         inputs.merge(survey(m))
-    trace = _load_primary(*inputs.primary, engine=engine, world_size=world_size) if inputs.primary else None
+    trace = _load_primary(*inputs.primary, engine=engine, world_size=world_size,
+                          ops_only=ops_only and not inputs.nccl) if inputs.primary else None
     if trace is not None and inputs.nccl:
         require_readable(trace, path)
     if inputs.nccl:
@@ -193,12 +196,13 @@ def load_any(path: str | os.PathLike[str], *more: str | os.PathLike[str], engine
     return trace
 
 
-def _load_primary(kind: str, path: Path, engine: Any = None, world_size: int | None = None) -> Trace:
+def _load_primary(kind: str, path: Path, engine: Any = None, world_size: int | None = None,
+                  ops_only: bool = False) -> Trace:
     if kind == "flight_recorder":
         from ncclscope.load.foreign.flight_recorder import load_flight_recorder
         return load_flight_recorder(path, world_size=world_size, engine=engine)
     if kind == "run":
-        trace = load(path, engine=engine)
+        trace = load(path, engine=engine, ops_only=ops_only)
     elif kind == "parquet":
         from ncclscope.export import load_parquet
         trace = load_parquet(path)
@@ -214,7 +218,7 @@ def _load_primary(kind: str, path: Path, engine: Any = None, world_size: int | N
 def require_readable(trace: Trace | None, path: str | os.PathLike[str]) -> None:
     """TraceError when no rank yielded a single readable event: analyzing an
     empty trace would say "OK" about input nobody could read."""
-    if trace is not None and len(trace.events):
+    if trace is not None and (len(trace.events) or len(trace.ops)):
         return
     if trace is None:
         raise TraceError(f"{path}: nothing readable")
