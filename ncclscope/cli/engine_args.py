@@ -14,8 +14,9 @@ from typing import Any, Iterator
 from ncclscope.cli.inputs import UsageError, first_line
 from ncclscope.cli.memory_guard import input_bytes
 
-# 2 GiB of rank streams or dumps. Measured (analyze --json, in-process vs --workers 2): at 1.6 GB (1,024 ranks,
-# 10 M events) 13.2 vs 13.6 s, no gain; at 5.5 GB (16,384 ranks) 0.84x
+# 2 GiB of rank streams or dumps. Measured (analyze --json, in-process vs --workers 2, the join on the workers,
+# benchmarks/engine_modes.py, modes alternating): at 1.6 GB (1,024 ranks, 10 M events) 17.4 vs 19.0 s (1.09x;
+# largest process 1,704 vs 1,211 MB); at 5.5 GB (16,384 ranks) 0.82-0.91x, 6.0 vs 3.7-3.8 GB
 AUTO_BYTES = 2 << 30
 
 
