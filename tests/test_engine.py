@@ -88,6 +88,8 @@ def _same_tables(a, b) -> None:
     for name in ("per_rank", "idle", "waits", "series"):
         pd.testing.assert_frame_equal(getattr(ua, name), getattr(ub, name), check_exact=True)
     assert ua.source == ub.source
+    with pytest.raises(ValueError, match="idle_pct"):         # the samples are not here to use another threshold
+        analyze_utilization(b, idle_pct=50.0)
 
 
 def test_ops_joined_on_workers_are_the_ops_one_process_joins(synth, engine, tmp_path, monkeypatch):

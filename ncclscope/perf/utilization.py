@@ -141,6 +141,10 @@ def analyze_utilization(trace: Trace, idle_pct: float = 10.0) -> UtilResult:
     """Per rank, how busy it was and what it waited on. The per-rank half comes from the engine's workers
     when they computed it (`trace.partials`), else from the whole trace here: the same either way."""
     parts = (getattr(trace, "partials", None) or {}).get("utilization")
+    if parts is not None and parts.idle_pct != idle_pct and getattr(trace, "ops_only", False):
+        # the samples stayed on the workers: another threshold cannot be computed here (never silently empty)
+        raise ValueError(f"utilization: this trace's samples were reduced on the workers at idle_pct "
+                         f"{parts.idle_pct}; load it without ops_only for idle_pct {idle_pct}")
     if parts is None or parts.idle_pct != idle_pct:
         parts = utilization_parts(trace.ops, trace.samples, idle_pct, trace)
     res = UtilResult(series=parts.series, source=parts.source)
