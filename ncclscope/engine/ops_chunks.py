@@ -25,9 +25,8 @@ import numpy as np
 import pandas as pd
 
 from ncclscope import schema as S
-from ncclscope.engine.rank_chunks import RankChunk, read_chunk
-from ncclscope.load.columns import Columns, aligned_times, fill_ints
-from ncclscope.load.heap import copy_on_write
+from ncclscope.engine.rank_chunks import RankChunk, chunk_tasks, merge_chunk, read_chunk
+from ncclscope.load.trace import clock_offsets, events_frame, timed_frame
 from ncclscope.load.opsjoin import build_ops, marks_of, ops_categories
 from ncclscope.perf.utilization import UtilParts, merge_util_parts, utilization_parts
 
@@ -68,17 +67,15 @@ class OpsChunk:
 
 
 def read_ops_chunk(root: str, dirs: list[tuple[int, str]], cwd: str | None = None) -> OpsChunk:
-    """Read a chunk (`rank_chunks.read_chunk`), then align its times and join its ops here (on a worker)."""
+    """Read a chunk (`rank_chunks.read_chunk`), then align its times and join its ops here (on a worker), with
+    the frame builders `load.trace.assemble` uses."""
     chunk = read_chunk(root, dirs, cwd)
-    columns, chunk.events = chunk.events, None
-    event_cats = {name: list(d) for name, d in columns.cats.items()}
-    events = fill_ints(columns.frame(lead=("phase", S.PHASE_BEGIN)), S.EVENTS_SCHEMA)
-    del columns
-    offsets = {r: int(info.clock_offset_ns) for r, info in chunk.ranks.items()}
-    if any(offsets.values()):                # as load.trace.assemble aligns them
-        events["t_ns"] = aligned_times(events["time_ns"].to_numpy(), events["rank"].to_numpy(), offsets)
-    else:
-        events["t_ns"] = events["time_ns"] if copy_on_write() else events["time_ns"].copy()
+    event_cats = {name: list(d) for name, d in chunk.events.cats.items()}
+    offsets = clock_offsets(chunk.ranks)
+    events = events_frame(chunk.events, offsets)
+    # the analysis reads the samples through the utilization's per-rank half only: they stay here
+    samples = timed_frame(chunk.samples, S.SAMPLES_SCHEMA, offsets)
+    chunk.events = chunk.samples = None
     t = events["t_ns"]
     bounds = (int(t.min()), int(t.max())) if len(events) else None
     last = events.groupby("rank", observed=True)["t_ns"].max() if len(events) else pd.Series(dtype="int64")
@@ -86,25 +83,10 @@ def read_ops_chunk(root: str, dirs: list[tuple[int, str]], cwd: str | None = Non
     marks = Packed.of(marks_of(events))
     joined = build_ops(events)
     del events
-    samples = _samples_frame(chunk.samples, offsets)
-    chunk.samples = None       # the analysis reads the samples through the utilization's per-rank half only
     util = utilization_parts(joined, samples)
     return OpsChunk(base=chunk, event_cats=event_cats, ops=Packed.of(joined), marks=marks, last_ns=last,
                     bounds=bounds, utilization=util,
                     samples_last=int(samples["time_ns"].max()) if len(samples) else None)
-
-
-def _samples_frame(columns: Columns, offsets: dict[int, int]) -> pd.DataFrame:
-    """The chunk's samples as load.trace.assemble makes them (times aligned), from a twin of `columns`: the
-    columns themselves still go to the driver as they are (rank_chunks.merge_chunk)."""
-    twin = Columns(columns.schema)
-    twin.parts = {name: list(parts) for name, parts in columns.parts.items()}
-    twin.cats = {name: dict(d) for name, d in columns.cats.items()}
-    twin.rows = columns.rows
-    df = fill_ints(twin.frame(), S.SAMPLES_SCHEMA)
-    if len(df):
-        df["time_ns"] = aligned_times(df["time_ns"].to_numpy(), df["rank"].to_numpy(), offsets)
-    return df
 
 
 @dataclass
@@ -148,9 +130,8 @@ class OpsMerge:
     def result(self) -> JoinedTables:
         ops = self._frame(self.ops, joined=True)
         marks = self._frame(self.marks, joined=False)
-        last = pd.concat(self.last) if self.last else pd.Series(dtype="int64")
-        if not len(last):
-            last = pd.Series(dtype="int64")
+        full = [s for s in self.last if len(s)]
+        last = pd.concat(full) if full else pd.Series(dtype="int64")
         last.index = last.index.astype("int64")
         partials = {"utilization": merge_util_parts(self.utilization)} if self.utilization else {}
         # Trace.start_ns and end_ns as one process computes them: the events' first time (0 with none), the
@@ -199,15 +180,9 @@ class OpsMerge:
 def read_rank_dirs_joined(engine: Any, loader: Any, dirs: dict[Any, Any]) -> None:
     """Stage 1 with the join on the workers: `loader` gets every chunk's metadata, metrics and samples as in
     `rank_chunks.read_rank_dirs`, and `loader.joined` the ops, marks and times (load.trace.RunDirLoader.finish)."""
-    import os
-    from ncclscope.engine.rank_chunks import chunk_size, merge_chunk
-    items = sorted(dirs.items())
-    size = chunk_size(len(items), engine.workers)
-    chunks = [[(r, str(d)) for r, d in items[i:i + size]] for i in range(0, len(items), size)]
+    args, sizes = chunk_tasks(engine, loader, dirs)
     merge = OpsMerge()
-    args = [(str(loader.root), c, os.getcwd()) for c in chunks]
-    for chunk in engine.map_large(read_ops_chunk, args, "rank directories read",
-                                  [len(c) for c in chunks], OpsChunk):
+    for chunk in engine.map_large(read_ops_chunk, args, "rank directories read", sizes, OpsChunk):
         merge_chunk(loader, chunk.base)
         merge.add(chunk)
     loader.joined = merge.result()

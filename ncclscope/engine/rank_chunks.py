@@ -112,14 +112,19 @@ def chunk_size(n_ranks: int, workers: int) -> int:
     return max(16, min(512, -(-n_ranks // max(8 * workers, 1))))
 
 
-def read_rank_dirs(engine: Any, loader: RunDirLoader, dirs: dict[int, Path]) -> None:
-    """Every rank directory of `dirs` read on the engine's workers and merged into `loader`, in rank order
-    (`load`'s loop, distributed)."""
+def chunk_tasks(engine: Any, loader: RunDirLoader, dirs: dict[int, Path]) -> tuple[list[tuple], list[int]]:
+    """The tasks that read `dirs` in chunks, in rank order: each one's (root, [(rank, dir)], cwd) arguments,
+    and its number of ranks (the progress count)."""
     items = sorted(dirs.items())
     size = chunk_size(len(items), engine.workers)
     chunks = [[(r, str(d)) for r, d in items[i:i + size]] for i in range(0, len(items), size)]
-    root = str(loader.root)
-    cwd = os.getcwd()
-    for chunk in engine.map_large(read_chunk, [(root, c, cwd) for c in chunks], "rank directories read",
-                                  [len(c) for c in chunks], RankChunk):
+    root, cwd = str(loader.root), os.getcwd()
+    return [(root, c, cwd) for c in chunks], [len(c) for c in chunks]
+
+
+def read_rank_dirs(engine: Any, loader: RunDirLoader, dirs: dict[int, Path]) -> None:
+    """Every rank directory of `dirs` read on the engine's workers and merged into `loader`, in rank order
+    (`load`'s loop, distributed)."""
+    args, sizes = chunk_tasks(engine, loader, dirs)
+    for chunk in engine.map_large(read_chunk, args, "rank directories read", sizes, RankChunk):
         merge_chunk(loader, chunk)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import pyarrow as pa
 
 from ncclscope.load import safe_io
@@ -35,7 +36,8 @@ from ncclscope.load.ipc_read import read_stream_lazy
 from ncclscope.load.run_info import RankExit, RunInfo
 from ncclscope.load.trace_model import RankInfo, Trace
 
-__all__ = ["RankInfo", "Trace", "TraceError", "RunDirLoader", "Tables", "apply_exit", "assemble", "load"]
+__all__ = ["RankInfo", "Trace", "TraceError", "RunDirLoader", "Tables", "apply_exit", "assemble", "clock_offsets",
+           "events_frame", "load", "timed_frame"]
 
 
 def _empty(schema: pa.Schema) -> pa.Table:
@@ -328,29 +330,43 @@ class Tables:
     joined: Any = None        # engine/ops_chunks.JoinedTables: ops, marks and times instead of event rows
 
 
+def clock_offsets(ranks: dict[int, RankInfo]) -> dict[int, int]:
+    """Rank -> the offset that aligns its clock to rank 0's (rank.json)."""
+    return {r: int(info.clock_offset_ns) for r, info in ranks.items()}
+
+
+def events_frame(tables: "list[pa.Table] | Columns", offsets: dict[int, int]) -> pd.DataFrame:
+    """The events frame with `t_ns`, each row's time aligned by its rank's offset; begin rows first, so the
+    ops columns can be views of them (`Columns.frame`, `opsjoin.ops_from_join`). Shared by `assemble` and
+    an engine's worker, which joins its chunk's ops itself (engine/ops_chunks.py)."""
+    events = fill_ints(as_columns(tables, S.EVENTS_SCHEMA).frame(lead=("phase", S.PHASE_BEGIN)), S.EVENTS_SCHEMA)
+    if any(offsets.values()):
+        events["t_ns"] = aligned_times(events["time_ns"].to_numpy(), events["rank"].to_numpy(), offsets)
+    else:        # one clock (one host, a dump): t_ns is time_ns, one buffer under copy-on-write
+        events["t_ns"] = events["time_ns"] if copy_on_write() else events["time_ns"].copy()
+    return events
+
+
+def timed_frame(tables: "list[pa.Table] | Columns | None", schema: pa.Schema,
+                offsets: dict[int, int]) -> pd.DataFrame:
+    """The metrics or samples frame, its `time_ns` aligned by each row's rank's offset."""
+    df = fill_ints(as_columns(tables, schema).frame(), schema)
+    if len(df):
+        df["time_ns"] = aligned_times(df["time_ns"].to_numpy(), df["rank"].to_numpy(), offsets)
+    return df
+
+
 def assemble(path: Path, run: RunInfo, world_size: int, ranks: dict[int, RankInfo], tables: Tables) -> Trace:
     """Build a Trace from Arrow tables in the schema; used by `load` and by the
     foreign-format readers in `load/foreign/`, so every analysis sees one shape.
     The table lists are consumed (emptied) to keep peak memory near one copy."""
     no_hugepages()
     joined = tables.joined
-    offsets = {r: int(info.clock_offset_ns) for r, info in ranks.items()}
-    if joined is not None:     # joined on an engine's workers, times aligned there: the marks stand for events
-        events = joined.marks
-    else:
-        # begin rows first: the ops columns are then views of them (`Columns.frame`, `opsjoin.ops_from_join`)
-        events = fill_ints(as_columns(tables.events, S.EVENTS_SCHEMA).frame(lead=("phase", S.PHASE_BEGIN)),
-                           S.EVENTS_SCHEMA)
-        if any(offsets.values()):
-            events["t_ns"] = aligned_times(events["time_ns"].to_numpy(), events["rank"].to_numpy(), offsets)
-        else:        # one clock (one host, a dump): t_ns is time_ns, one buffer under copy-on-write
-            events["t_ns"] = events["time_ns"] if copy_on_write() else events["time_ns"].copy()
-    metrics = fill_ints(as_columns(tables.metrics, S.METRICS_SCHEMA).frame(), S.METRICS_SCHEMA)
-    samples = fill_ints(as_columns(tables.samples, S.SAMPLES_SCHEMA).frame(), S.SAMPLES_SCHEMA)
-    if len(samples):
-        samples["time_ns"] = aligned_times(samples["time_ns"].to_numpy(), samples["rank"].to_numpy(), offsets)
-    if len(metrics):
-        metrics["time_ns"] = aligned_times(metrics["time_ns"].to_numpy(), metrics["rank"].to_numpy(), offsets)
+    offsets = clock_offsets(ranks)
+    # joined on an engine's workers, times aligned there: the marks stand for events
+    events = joined.marks if joined is not None else events_frame(tables.events, offsets)
+    metrics = timed_frame(tables.metrics, S.METRICS_SCHEMA, offsets)
+    samples = timed_frame(tables.samples, S.SAMPLES_SCHEMA, offsets)
     group_views = tables.group_views
     if group_views is None:
         group_views = GroupViews()

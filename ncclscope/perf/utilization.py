@@ -118,22 +118,13 @@ def merge_util_parts(parts: list[UtilParts]) -> UtilParts:
 
 
 def _concat_idle(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """Joined idle samples of several chunks: their `waiting_on` labels remapped into the categories that
-    `_label_column` gives all of them at once (distinct labels, sorted)."""
+    """Joined idle samples of several chunks: their `waiting_on` labels made one categorical by
+    `_label_column`, as one pass over all of them makes it (distinct labels, sorted)."""
     if len(frames) == 1:
         return frames[0]
-    labels = pd.unique(np.concatenate([np.asarray(f["waiting_on"].cat.categories, dtype=object) for f in frames]))
-    names = np.asarray([str(u) for u in labels], dtype=object)
-    names = names[np.argsort(names.astype(str), kind="stable")]
-    pos = {v: i for i, v in enumerate(names)}
-    small = np.int8 if len(names) < 127 else np.int16 if len(names) < 32_000 else np.int32
-    codes = []
-    for f in frames:
-        lut = np.asarray([pos[str(v)] for v in f["waiting_on"].cat.categories], dtype=np.int64)
-        codes.append(lut[f["waiting_on"].cat.codes.to_numpy()])
+    labels = np.concatenate([f["waiting_on"].to_numpy(dtype=object) for f in frames])
     out = pd.concat([f.drop(columns="waiting_on") for f in frames], ignore_index=True)
-    out["waiting_on"] = pd.Categorical.from_codes(np.concatenate(codes).astype(small),
-                                                  categories=pd.Index(names, dtype=object))
+    out["waiting_on"] = _label_column(labels)
     return out
 
 
