@@ -190,6 +190,8 @@ class CauseBasis(_StrEnum):
     # a departure from the rank's own routine: its previous step, or its loop's previous iteration
     STEP = "step"
     LOOP = "loop"
+    # ranks a monitored barrier reported as never arriving (barrier_report.py)
+    BARRIER = "barrier-report"
 
 
 @dataclass(frozen=True)

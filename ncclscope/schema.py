@@ -52,6 +52,11 @@ END_TERMINATED = "terminated by SIGTERM"
 END_ABORTED = "aborted (SIGABRT)"
 STATUS_NOT_MEMBER = "not_member"  # instant row: a collective called on a group this rank is not in (a no-op)
 
+# The channel of a group's monitored barriers: gloo's group counter does not number them (it runs each as
+# tagged sends and receives), so the run tracer numbers them on their own, under "<group>/barriers", a name
+# that shares the group's members (index/views.py), never an instance with the group's collective of one number.
+BARRIER_CHANNEL = "/barriers"
+
 HEARTBEAT = "heartbeat"
 
 # One row per begin/end/instant. Integers that do not apply are -1, strings "".

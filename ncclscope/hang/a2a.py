@@ -1,12 +1,13 @@
-"""`all_to_all_single` exchanges that cannot match: what one member sends another must be what
+"""`all_to_all_single` and `all_to_all` exchanges that cannot match: what one member sends another must be what
 that member expects from it.
 
 The input sizes of an all_to_all legitimately differ between ranks (MoE routing sends each
 expert a different number of tokens), so the instance vote in instances.py exempts them, and a
 rank that passed a wrong split list left the job hung with "every member posted it: no rank is
 missing". The tracer (`ncclscope run`) appends each call's split lists to its sizes,
-` splits [rows sent to member 0, 1, ...]->[rows expected from member 0, 1, ...]`, and the
-exchange is consistent when member i's send to j equals j's receive from i, for every pair.
+` splits [rows sent to member 0, 1, ...]->[rows expected from member 0, 1, ...]` (for the list form,
+`all_to_all`, the rows of each input and output tensor), and the exchange is consistent when member i's
+send to j equals j's receive from i, for every pair.
 
 The deviant is the member that is an end of every inconsistent pair (one wrong split list
 breaks the pairs with each member it disagrees with, and only those); when no single member
@@ -24,7 +25,7 @@ from ncclscope.index.views import TraceIndex
 from ncclscope.index.instances import DEVIATION_COLUMNS
 from ncclscope.index.labels import fmt_ranks
 
-OP = "all_to_all_single"
+OPS = ("all_to_all_single", "all_to_all")
 SPLITS_RE = re.compile(r" splits \[([0-9,]*)\]->\[([0-9,]*)\]")
 
 
@@ -37,13 +38,13 @@ def parse_splits(sizes: str) -> tuple[list[int], list[int]] | None:
 
 
 def split_deviations(ix: TraceIndex, max_instances: int = 64) -> pd.DataFrame:
-    """Deviation rows (instances.DEVIATION_COLUMNS, category "split") for the all_to_all_single
+    """Deviation rows (instances.DEVIATION_COLUMNS, category "split") for the all_to_all(_single)
     instances whose members' split lists do not pair up; at most `max_instances` instances."""
     coll = ix.coll
     empty = pd.DataFrame(columns=DEVIATION_COLUMNS)
     if not len(coll):
         return empty
-    sel = coll[(coll["op_name"] == OP).to_numpy()]
+    sel = coll[coll["op_name"].isin(OPS).to_numpy()]
     if not len(sel):
         return empty
     sel = sel[sel["input_sizes"].astype(str).str.contains(" splits [", regex=False).to_numpy()]
@@ -71,7 +72,8 @@ def split_deviations(ix: TraceIndex, max_instances: int = 64) -> pd.DataFrame:
         rows.append({
             "process_group": str(g), "seq": int(k), "category": "split", "rank": members[c],
             "value": _sentence(members, c, send, recv), "majority": "", "n_voters": len(members),
-            "n_majority": len(members) - len(cand), "tie": tie, "op_name": OP, "op_id": int(row["op_id"]),
+            "n_majority": len(members) - len(cand), "tie": tie, "op_name": str(row["op_name"]),
+            "op_id": int(row["op_id"]),
             "start_ns": int(row["start_ns"]), "status": str(row["status"]), "call_site": str(row["call_site"]),
             "step": int(row["step"]), "basis": "instance",
             # why no one rank is named for sure (collectives.py puts it in the ambiguous title)

@@ -40,13 +40,14 @@ a dropped trace's tables are freed at once.
 from __future__ import annotations
 
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import TYPE_CHECKING, Union
 
 import numpy as np
 import pandas as pd
 
+from ncclscope import schema as S
 from ncclscope.index.dump_gaps import dump_gaps
 from ncclscope.index.instances import collective_ops, instance_table, max_seq_table, member_table, missing_participants
 from ncclscope.index.labels import fmt_ranks, group_label, trace_start_ns
@@ -158,7 +159,11 @@ class TraceIndex:
     def groups(self) -> dict[str, GroupInfo]:
         """Every group: recorded ones, then ones collectives used that no rank recorded."""
         kinds = {n: g.kind for n, g in self.recorded.items()}
-        return {**self.recorded, **used_groups(self.coll, set(self.recorded), kinds)}
+        used = used_groups(self.coll, set(self.recorded), kinds)
+        cut = len(S.BARRIER_CHANNEL)
+        for name in [n for n in used if n.endswith(S.BARRIER_CHANNEL) and n[:-cut] in self.recorded]:
+            used[name] = replace(self.recorded[name[:-cut]], name=name)     # a channel of that group
+        return {**self.recorded, **used}
 
     @cached_property
     def members(self) -> dict[str, list[int]]:

@@ -24,7 +24,10 @@ ended cleanly, with the end time the next op's creation. The last op on a
 group of a rank that died or hung stays in flight: the evidence.
 
 p2p entries are skipped: gloo records none, and the tracer sees every public
-p2p call (its per-pair numbering is the one the analyses use).
+p2p call (its per-pair numbering is the one the analyses use). So are a group's
+entries from its first monitored barrier on: FR's numbering then counts the
+sends and receives the barrier is made of, which the tracer's does not (it
+keeps one numbering on every rank), so the dedup key no longer pairs them.
 
 Torch-free (the analyzer's side).
 """
@@ -207,8 +210,14 @@ class _Traced:
         self.mark_s = [int(m[1]) for m in marks]
         self.seen: set[tuple[str, int]] = set()
         self.times: dict[str, list[tuple[int, int]]] = {}
+        # group -> when its first monitored barrier began: from there on FR numbers its collectives otherwise
+        # (gloo's counter counts the sends and receives the barrier is made of, the tracer's numbering does not)
+        self.barrier_from: dict[str, int] = {}
         for ph, kind, g, seq, t in zip(cols["phase"], cols["kind"], cols["process_group"], cols["collective_seq_id"],
                                        cols["time_ns"]):
+            if ph == S.PHASE_BEGIN and g and g.endswith(S.BARRIER_CHANNEL) and t is not None:
+                base = g[:-len(S.BARRIER_CHANNEL)]
+                self.barrier_from[base] = min(int(t), self.barrier_from.get(base, int(t)))
             if ph == S.PHASE_BEGIN and kind == S.KIND_COLLECTIVE and seq is not None and seq >= 0:
                 self.seen.add((g, int(seq)))
                 self.times.setdefault(g, []).append((int(seq), int(t)))
@@ -238,8 +247,8 @@ class _Traced:
                 created = int(e.get("time_created_ns", 0) or 0)
             except (TypeError, ValueError):
                 continue
-            if seq < 0 or (group, seq) in self.seen or created <= 0:
-                continue
+            if seq < 0 or (group, seq) in self.seen or created <= 0 or created >= self.barrier_from.get(group, 1 << 62):
+                continue                   # after a monitored barrier FR's numbers no longer say which op is ours
             self.seen.add((group, seq))
             self.times.setdefault(group, []).append((seq, created))
             dt = e.get("input_dtypes") or []

@@ -42,6 +42,7 @@ import pandas as pd
 
 from ncclscope.findings import SEVERITIES, CauseBasis, Explains, Finding, FindingKind, Role, Severity
 from ncclscope.verdict.headline import hang_verdict
+from ncclscope.hang.barrier_report import barrier_reports
 from ncclscope.hang.before_death import mismatches_before_death, skips_before_death, with_deaths_inside
 from ncclscope.hang.collectives import analyze_collectives
 from ncclscope.hang.death_first import death_first
@@ -110,7 +111,7 @@ def diagnose(trace: Trace, max_per_group: int = 5) -> Diagnosis:
     context = [f for f in wr.findings if f.severity != Severity.ERROR]
     roots, context = death_first(ix, roots, context)
     before = (skips_before_death(ix, roots) + mismatches_before_death(ix, roots) + find_late_arrivals(ix)
-              + find_nonmember_calls(ix))
+              + find_nonmember_calls(ix) + barrier_reports(ix))
     sized = size_deviations(ix)
     causes = (shape_deviations(ix, sized) + with_deaths_inside(ix, cr.findings) + sched + before
               + tag_deviations(ix, pr.findings) + sized + pr.findings + gr.findings + context)
@@ -207,6 +208,8 @@ def _skip_explains(cause: Finding, root: Finding) -> bool:
     c = cause.cause
     if not c.before_death:
         return False
+    if c.basis == CauseBasis.BARRIER:              # the reporter's death and whoever waited on the reporter
+        return bool(set(cause.involved) & root.involved_ranks)
     if c.basis == CauseBasis.SEQUENCE:
         return bool(set(cause.ranks) & root.involved_ranks)
     return root.kind == K.DEAD_RANK and bool(set(cause.ranks) & set(root.ranks))

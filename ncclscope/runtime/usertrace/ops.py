@@ -38,8 +38,8 @@ from ncclscope import schema as S
 from ncclscope.runtime.comm_site import tensor_meta
 from ncclscope.runtime.usertrace.callsite import call_site, text_of
 from ncclscope.runtime.usertrace.hotpath import covers, make_fast
-from ncclscope.runtime.usertrace.opspec import (NO_META, OBJECT_LISTS, OWN_SEQ, REDUCE_NAMES, a2a_splits, arg, list_meta,
-                                                object_list_meta, positions, tls)
+from ncclscope.runtime.usertrace.opspec import (NO_META, OBJECT_LISTS, OWN_SEQ, REDUCE_NAMES, a2a_list_splits,
+                                                a2a_splits, arg, list_meta, object_list_meta, positions, tls)
 
 
 NOT_MEMBER_NOTE = ("called on a process group this rank is not a member of: torch returned at once, "
@@ -53,8 +53,8 @@ def _arg_layout(fname: str, spec: tuple[Any, ...], pos: dict[str, int]) -> tuple
     kind, in_arg, peer_arg = spec[1], OBJECT_LISTS.get(fname, spec[2]), spec[4]
     return (pos.get(in_arg, -1), pos.get("group", -1), pos.get("async_op", -1), pos.get("op", -1),
             pos.get(peer_arg, -1), pos.get("tag", -1), fname in OWN_SEQ,
-            # all_to_all_single: what each member sends to and expects from each other is part of the call
-            fname == "all_to_all_single",
+            # all_to_all(_single): what each member sends to and expects from each other is part of the call
+            {"all_to_all_single": "single", "all_to_all": "list"}.get(fname, ""),
             kind == S.KIND_COLLECTIVE and bool(peer_arg))   # broadcast, reduce, gather, scatter (+ _object)
 
 
@@ -129,6 +129,7 @@ class OpsMixin:
         monotonic = time.monotonic
         Tensor = torch.Tensor
         nan_check = self.nan_check_for(op_name)   # reducing ops: their input's finiteness (nancheck.py)
+        counted = bool(p2p_dir) or own_seq        # gloo's group counter counts p2p ops, and a barrier's (_count_p2p)
 
         @functools.wraps(orig)
         def traced(*args: Any, **kwargs: Any) -> Any:
@@ -155,7 +156,7 @@ class OpsMixin:
             else:
                 sizes, dtype, nbytes = NO_META
                 t = None
-            peer, tag, seq, p2p_seq, reduce_op = -1, -1, -1, -1, ""
+            peer, tag, seq, p2p_seq, reduce_op, label = -1, -1, -1, -1, "", g.name
             if peer_arg:
                 p = args[i_peer] if 0 <= i_peer < n else kwargs.get(peer_arg)
                 peer = int(p) if p is not None else _group_peer(g, kwargs.get(gpeer_arg))
@@ -163,8 +164,9 @@ class OpsMixin:
                 tag = int((args[i_tag] if 0 <= i_tag < n else kwargs.get("tag", 0)) or 0) if i_tag >= 0 else 0
                 key = (p2p_dir, peer)
                 p2p_seq = self._p2p_seq[key] = self._p2p_seq.get(key, 0) + 1
-            elif own_seq:
-                seq = self._next_own_seq(g.name)
+            elif own_seq:                # numbered on a channel of its own (opspec.OWN_SEQ says why)
+                label = g.name + S.BARRIER_CHANNEL
+                seq = self._next_own_seq(label)
             else:
                 try:
                     seq = (pg or self._world_pg)._get_sequence_number_for_group() + 1 - p2p_shift.get(g.name, 0)
@@ -177,23 +179,25 @@ class OpsMixin:
                     reduce_op = str(rop)
             if rooted and peer >= 0:   # the root is part of what every member must agree on
                 reduce_op = f"{reduce_op}, root {peer}" if reduce_op else f"root {peer}"
-            if a2a:
+            if a2a == "single":
                 sizes += a2a_splits(t, arg(args, kwargs, pos, "output"), arg(args, kwargs, pos, "input_split_sizes"),
                                     arg(args, kwargs, pos, "output_split_sizes"), len(g.ranks))
+            elif a2a:
+                sizes += a2a_list_splits(given, arg(args, kwargs, pos, "output_tensor_list"), len(g.ranks))
             is_async = always_async or bool(args[i_async] if 0 <= i_async < n else kwargs.get("async_op", False))
             site = call_site()
             if nan_check and given is not None and self._nan_live:   # before the reduction spreads it
-                self.check_input(given, op_name, g.name, seq, reduce_op, site)
+                self.check_input(given, op_name, label, seq, reduce_op, site)
             # positional, in Recorder.begin's order: keyword matching is a tenth of this path's cost
-            op_id = begin(kind, op_name, g.name, seq, p2p_seq, peer, tag, nbytes, dtype, sizes, reduce_op,
+            op_id = begin(kind, op_name, label, seq, p2p_seq, peer, tag, nbytes, dtype, sizes, reduce_op,
                           timeout_ms, site)
-            inflight[op_id] = (now := monotonic(), op_name, g.name, seq if seq >= 0 else p2p_seq)
+            inflight[op_id] = (now := monotonic(), op_name, label, seq if seq >= 0 else p2p_seq)
             self._last_activity = now
-            if (key := (site, g.name, op_name)) not in sites:
+            if (key := (site, label, op_name)) not in sites:
                 self._new_site(key)
             self.ops += 1
             tls.depth = 1
-            before = self._pg_seq(pg) if p2p_dir else 0
+            before = self._pg_seq(pg) if counted else 0
             try:
                 out = orig(*args, **kwargs)
             except BaseException as exc:
@@ -201,7 +205,7 @@ class OpsMixin:
                 self._failed(op_id, exc)
                 raise
             finally:
-                if p2p_dir:
+                if counted:
                     self._count_p2p(g.name, pg, before)
             tls.depth = 0
             self.settle(out, op_id, is_async, t)
@@ -218,7 +222,7 @@ class OpsMixin:
 
     def _next_own_seq(self, name: str) -> int:
         """The next sequence number of group `name` counted here, for an op its backend does not count
-        (OWN_SEQ) or a process group without a counter."""
+        (OWN_SEQ: the analyzer aligns them apart, index/instances.py) or a process group without a counter."""
         seq = self._own_seq[name] = self._own_seq.get(name, 0) + 1
         return seq
 
@@ -292,9 +296,10 @@ class OpsMixin:
             return -1
 
     def _count_p2p(self, name: str, pg: Any, before: int) -> None:
-        """gloo's group counter also counts p2p ops (NCCL's does not; Flight Recorder's
-        collective_seq_id never does): remember how far p2p moved it, so collectives
-        keep FR's numbering."""
+        """gloo's group counter also counts p2p ops, and the sends and receives of a monitored_barrier (NCCL's
+        does not; Flight Recorder's collective_seq_id never does): remember how far they moved it, so
+        collectives keep FR's numbering (without this, rank 0, which receives from and answers every member
+        of the barrier, numbered the collectives after it ahead of its peers)."""
         if before >= 0:
             after = self._pg_seq(pg)
             if after > before:

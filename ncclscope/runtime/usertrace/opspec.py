@@ -55,7 +55,10 @@ SPECS: dict[str, tuple[str, str, str, bool, str, str, str, bool]] = {
 # slot per member; broadcast_object_list's list is as long on every rank): its length is the op's size
 OBJECT_LISTS = {"broadcast_object_list": "object_list", "all_gather_object": "object_list",
                 "scatter_object_list": "scatter_object_output_list"}
-# ops the process group's collective counter does not count on every backend
+# ops the process group's collective counter does not count on every backend: gloo runs a monitored_barrier
+# as tagged sends and receives, so it has no place in the group's collective order; it is numbered on a
+# channel of its own, "<group>/barriers" (schema.BARRIER_CHANNEL: the two numberings once shared one
+# instance, a healthy job's monitored_barrier and reduce_scatter both "#1", a false mismatch)
 OWN_SEQ = frozenset({"monitored_barrier"})
 REDUCE_NAMES = {int(getattr(dist.ReduceOp, n)): n.lower() for n in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND",
                                                                     "BOR", "BXOR") if hasattr(dist.ReduceOp, n)}
@@ -106,6 +109,23 @@ def arg(args: tuple[Any, ...], kwargs: dict[str, Any], pos: dict[str, int], name
     if 0 <= i < len(args):
         return args[i]
     return kwargs.get(name, default)
+
+
+def a2a_list_splits(inp: Any, out: Any, n: int) -> str:
+    """The same ` splits [..]->[..]` for the list form, `all_to_all(output_tensor_list, input_tensor_list)`:
+    the rows of input_tensor_list[j] go to member j, output_tensor_list[j] receives member j's (a 0-d tensor
+    counts as one row). "" when either list is not n tensors."""
+    def rows(ts: Any) -> list[int]:
+        if not isinstance(ts, (list, tuple)) or len(ts) != n:
+            return []
+        return [int(t.shape[0]) if t.dim() else 1 for t in ts if hasattr(t, "dim")]
+    try:
+        a, b = rows(inp), rows(out)
+    except (TypeError, ValueError, AttributeError):
+        return ""
+    if len(a) != n or len(b) != n:
+        return ""
+    return f" splits [{','.join(map(str, a))}]->[{','.join(map(str, b))}]"
 
 
 def a2a_splits(inp: Any, out: Any, in_splits: Any, out_splits: Any, n: int) -> str:
