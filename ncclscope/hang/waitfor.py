@@ -413,8 +413,9 @@ def _endpoint_finding(ctx: WaitContext, r: int, role: str, waiters: set[int]) ->
         title += f"; {summary}"
     ev += waiter_evidence(ctx, waiters, direct, [r])
     pl = payload(ctx, [r], waiters, direct, start, summary, rank_role=role)
-    return sort_key(waiters, start), Finding(kind=kind, severity="error", title=title, ranks=[r], evidence=ev,
-                                              **pl)
+    alive = [int(x) for x in (row.last_event_ns, row.last_hb_ns) if not pd.isna(x) and int(x) >= 0]
+    key = sort_key(waiters, start, max(alive) if role == "dead" and alive else 2**62)
+    return key, Finding(kind=kind, severity="error", title=title, ranks=[r], evidence=ev, **pl)
 
 
 def _endpoint_group_finding(ctx: WaitContext, items: list[tuple[int, set[int]]], role: str) -> tuple[tuple, Finding]:

@@ -233,8 +233,10 @@ def payload(ctx: WaitContext, roots: list[int], waiters: set[int], direct: list[
     }
 
 
-def sort_key(waiters: set[int], start: int) -> tuple:
-    return (-len(waiters), start if start >= 0 else 2**62)
+def sort_key(waiters: set[int], start: int, last_ns: int = 2**62) -> tuple:
+    """Roots with the most waiters first, then the earliest wait; between deaths alike in both, the rank whose
+    last sign of life (`last_ns`) came first: the first to die is the first deviation."""
+    return (-len(waiters), start if start >= 0 else 2**62, last_ns)
 
 
 def edge_desc(ctx: WaitContext, e: pd.Series) -> str:
