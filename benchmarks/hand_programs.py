@@ -54,6 +54,18 @@ CASES: dict[str, tuple[str, list[int], int]] = {
     "halo_local_parity": ("swap_order", [3], 6), "prefetch_thread_hang": ("hang_compute", [1], 2),
     "preempt_exit": ("exit", [3], 4), "healthy_uneven_work": (HEALTHY, [], 5),
     "healthy_alt_subgroups": (HEALTHY, [], 6), "healthy_batch_pipe3": (HEALTHY, [], 3),
+    "clip_norm_logger": ("extra", [7], 8), "mesh3d_fallback_group": ("wrong_group", [6], 8),
+    "async_bucket_unused": ("skip", [1], 4), "stop_flag_preempt": ("op_type", [2], 5),
+    "val_after_train_uneven": ("uneven_loop", [5], 6), "pipe_label_offbyone": ("exception", [2], 3),
+    "cache_lock_deadlock": ("hang_compute", [2], 4), "a2a_list_capacity": ("size", [3], 6),
+    "nan_stuck_sensor": ("nan", [1], 2), "healthy_zero2_async": (HEALTHY, [], 4),
+    "healthy_mesh_stop_flag": (HEALTHY, [], 6), "healthy_moe_capacity": (HEALTHY, [], 8),
+    "tracker_empty_val": ("skip", [5], 6), "rollback_bcast_rank0": ("extra", [0], 5),
+    "ps_vocab_growth": ("size", [4], 6), "early_stop_vote_bool": ("dtype", [3], 5),
+    "reduce_logger_ckpt_rank": ("op_type", [6], 7), "stream_epoch_short_file": ("uneven_loop", [2], 6),
+    "ckpt_lambda_pickle": ("exception", [5], 8), "balanced_resample_retry": ("hang_compute", [1], 3),
+    "masked_mean_all_pad": ("nan", [2], 4), "healthy_ring_attention": (HEALTHY, [], 5),
+    "healthy_hier_subgroups": (HEALTHY, [], 8), "healthy_pipe_config_vote": (HEALTHY, [], 4),
 }
 # a p2p pipeline whose last stage leaves its loop early also leaves a send unmatched
 KINDS_EXTRA = {"pipe_microbatches": ["unmatched_p2p"]}
