@@ -28,18 +28,23 @@ def barrier_reports(ix: TraceIndex) -> list[Finding]:
     naming the ranks it says never arrived."""
     trace = ix.trace
     ops = trace.ops
-    last = trace.last_event_ns()
     # reporter -> (message, barrier's call site, step, when it reported: its failed op's end, else its last event)
     reports: dict[int, tuple[str, str, int, int]] = {}
     if len(ops) and "message" in ops.columns:
-        bad = ops[(ops["op_name"].astype(str) == "monitored_barrier").to_numpy()
-                  & (ops["status"].astype(str) == S.STATUS_ERROR).to_numpy()]
+        # compared as they are (a categorical's codes at scale), never converted to strings row by row
+        barrier = (ops["op_name"] == "monitored_barrier").to_numpy(dtype=bool, na_value=False)
+        bad = ops[barrier & (ops["status"] == S.STATUS_ERROR).to_numpy(dtype=bool, na_value=False)] \
+            if barrier.any() else ops.iloc[0:0]
         for r in bad.itertuples(index=False):
             if REPORT.search(str(r.message)):
                 reports.setdefault(int(r.rank), (str(r.message), str(r.call_site), int(r.step), int(r.end_ns)))
     for rank, info in trace.ranks.items():
         if rank not in reports and REPORT.search(info.end_message or ""):
-            reports[rank] = (str(info.end_message), "", -1, int(last.get(rank, -1)))
+            reports[rank] = (str(info.end_message), "", -1, -1)
+    if not reports:
+        return []
+    last = trace.last_event_ns()
+    reports = {r: (m, s, k, at if at >= 0 else int(last.get(r, -1))) for r, (m, s, k, at) in reports.items()}
     out = []
     for reporter, (message, site, step, at) in sorted(reports.items()):
         m = REPORT.search(message)
