@@ -57,6 +57,11 @@ STATUS_NOT_MEMBER = "not_member"  # instant row: a collective called on a group 
 # that shares the group's members (index/views.py), never an instance with the group's collective of one number.
 BARRIER_CHANNEL = "/barriers"
 
+
+def barrier_group(name: str) -> str:
+    """The group whose barrier channel `name` is ("world" for "world/barriers"), "" for any other name."""
+    return name[:-len(BARRIER_CHANNEL)] if name.endswith(BARRIER_CHANNEL) else ""
+
 HEARTBEAT = "heartbeat"
 
 # One row per begin/end/instant. Integers that do not apply are -1, strings "".

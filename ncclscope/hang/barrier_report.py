@@ -18,6 +18,7 @@ from ncclscope import schema as S
 from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, FindingKind
 from ncclscope.index.labels import rank_label
 from ncclscope.index.views import TraceIndex
+from ncclscope.load.opsjoin import STATUS_INFLIGHT
 
 REPORT = re.compile(r"Ranks? ([0-9][0-9, ]*) failed to pass monitoredBarrier in ([0-9]+) ms")
 LAYOUT = ("call_site", "step", "reporter", "barrier_site", "basis", "before_death")
@@ -73,7 +74,7 @@ def _finding(ix: TraceIndex, reporter: int, named: list[int], report: str, site:
         if not len(mine):
             continue
         last = mine.iloc[-1]
-        state = "in" if str(last["status"]) in ("inflight", S.STATUS_ERROR) else "last in"
+        state = "in" if str(last["status"]) in (STATUS_INFLIGHT, S.STATUS_ERROR) else "last in"
         seq = int(last["collective_seq_id"])
         op = f"{last['op_name']}" + (f" #{seq}" if seq >= 0 else "") + (
             f" on {ix.label(str(last['process_group']))}" if str(last["process_group"]) else "")

@@ -160,9 +160,8 @@ class TraceIndex:
         """Every group: recorded ones, then ones collectives used that no rank recorded."""
         kinds = {n: g.kind for n, g in self.recorded.items()}
         used = used_groups(self.coll, set(self.recorded), kinds)
-        cut = len(S.BARRIER_CHANNEL)
-        for name in [n for n in used if n.endswith(S.BARRIER_CHANNEL) and n[:-cut] in self.recorded]:
-            used[name] = replace(self.recorded[name[:-cut]], name=name)     # a channel of that group
+        for name in [n for n in used if S.barrier_group(n) in self.recorded]:
+            used[name] = replace(self.recorded[S.barrier_group(name)], name=name)     # a channel of that group
         return {**self.recorded, **used}
 
     @cached_property

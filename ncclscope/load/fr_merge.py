@@ -215,8 +215,7 @@ class _Traced:
         self.barrier_from: dict[str, int] = {}
         for ph, kind, g, seq, t in zip(cols["phase"], cols["kind"], cols["process_group"], cols["collective_seq_id"],
                                        cols["time_ns"]):
-            if ph == S.PHASE_BEGIN and g and g.endswith(S.BARRIER_CHANNEL) and t is not None:
-                base = g[:-len(S.BARRIER_CHANNEL)]
+            if ph == S.PHASE_BEGIN and g and (base := S.barrier_group(g)) and t is not None:
                 self.barrier_from[base] = min(int(t), self.barrier_from.get(base, int(t)))
             if ph == S.PHASE_BEGIN and kind == S.KIND_COLLECTIVE and seq is not None and seq >= 0:
                 self.seen.add((g, int(seq)))

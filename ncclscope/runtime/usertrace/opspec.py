@@ -120,9 +120,13 @@ def a2a_list_splits(inp: Any, out: Any, n: int) -> str:
             return []
         return [int(t.shape[0]) if t.dim() else 1 for t in ts if hasattr(t, "dim")]
     try:
-        a, b = rows(inp), rows(out)
+        return _splits_text(rows(inp), rows(out), n)
     except (TypeError, ValueError, AttributeError):
         return ""
+
+
+def _splits_text(a: list[int], b: list[int], n: int) -> str:
+    """` splits [a,b,..]->[c,d,..]`, "" unless both lists have one entry per member."""
     if len(a) != n or len(b) != n:
         return ""
     return f" splits [{','.join(map(str, a))}]->[{','.join(map(str, b))}]"
@@ -140,9 +144,6 @@ def a2a_splits(inp: Any, out: Any, in_splits: Any, out_splits: Any, n: int) -> s
                 return [int(x) for x in given]
             rows = int(t.shape[0]) if getattr(t, "dim", lambda: 0)() else 0
             return [rows // n] * n if n and rows % n == 0 else []
-        a, b = split(in_splits, inp), split(out_splits, out)
+        return _splits_text(split(in_splits, inp), split(out_splits, out), n)
     except (TypeError, ValueError, AttributeError):
         return ""
-    if len(a) != n or len(b) != n:
-        return ""
-    return f" splits [{','.join(map(str, a))}]->[{','.join(map(str, b))}]"
