@@ -63,3 +63,34 @@ def test_a_send_to_a_rank_that_never_exchanges_with_it_is_the_departure() -> Non
     h = headline(d)
     assert (h.kind, h.ranks) == ("unmatched_p2p", [1]), d.verdict
     assert h.cause.departure is not None and h.cause.departure.went_op == "send to rank 2"
+
+
+def _grid_edge(exchanged_before: bool = False, other_absent: bool = False) -> TraceBuilder:
+    """Ranks 0 and 1 exchange (matched), rank 2 sends "east" to rank 3, which exchanges with no one and waits
+    in the world all_reduce with ranks 0 and 1 (hand_programs/grid_halo_east_bound.py, in small)."""
+    b = TraceBuilder(4, groups={"world": [0, 1, 2, 3]})
+    alive(b, range(4))
+    if exchanged_before:        # rank 3 sent to rank 2 before: it may have skipped its side now
+        b.p2p(3, "send", peer=2, seq=1, start=0.5, end=0.6, call_site="halo.py:9")
+        b.p2p(2, "recv", peer=3, seq=1, start=0.5, end=0.6, call_site="halo.py:9")
+    b.p2p(0, "isend", peer=1, seq=1, start=1.0, end=1.1, call_site="halo.py:20")
+    b.p2p(1, "irecv", peer=0, seq=1, start=1.0, end=1.1, call_site="halo.py:21")
+    b.p2p(2, "isend", peer=3, seq=1, start=1.0, call_site="halo.py:20")
+    for r in (0, 1, 3) if not other_absent else (0, 3):
+        b.collective(r, "world", 1, start=1.2)
+    return b
+
+
+def test_a_send_to_a_rank_that_never_exchanges_with_it_and_went_on_is_the_posters_departure() -> None:
+    d = diagnose(_grid_edge().build())
+    h = headline(d)
+    assert (h.kind, h.ranks) == ("unmatched_p2p", [2]), d.verdict
+    assert h.cause.departure is not None and h.cause.departure.went_op == "isend to rank 3"
+    assert h.data["call_site"] == "halo.py:20"
+    assert "rank 3 finished its own exchanges and waits in all_reduce #1" in d.verdict
+
+
+@pytest.mark.parametrize("variant", ["exchanged_before", "other_absent"])
+def test_the_poster_is_not_blamed_where_the_peer_knew_it_or_others_hold_the_collective_up(variant) -> None:
+    d = diagnose(_grid_edge(**{variant: True}).build())
+    assert not any("finished its own exchanges" in f.title for f in d.findings), d.verdict

@@ -148,6 +148,9 @@ def test_a_rank_with_no_dump_is_put_back_into_its_mesh_groups():
     assert complete_groups({"1": {0}, "2": {1, 3}}, present={0, 1, 3}, world=4) == {"1": (0, 2)}
     # the rank to put back left a dump: it is not dead, nothing is guessed
     assert complete_groups({"1": {0, 1}, "2": {2}, "3": {0, 2}, "4": {1}}, present={0, 1, 2, 3}) == {}
+    # two subgroups of different sizes ({0,1,2} and {3,4}, a healthy new_subgroups_by_enumeration) and the
+    # leaders' {0,3}: no shape is shared by two groups, so {3,4} is not {3,4,5} with an invented rank 5
+    assert complete_groups({"1": {0, 1, 2}, "2": {3, 4}, "3": {0, 3}}, present=set(range(5)), world=5) == {}
 
 
 def test_dumps_without_timestamps_say_no_duration(dumps, tmp_path):

@@ -182,8 +182,9 @@ def with_departure(ix: TraceIndex, f: Finding) -> Finding:
     """`f` (unmatched_p2p) with `cause.departure` when the absent rank left its own routine there
     (`_routine_departure`), else when its line's earlier calls all went to the poster and its last went
     elsewhere (`with_peer_change`), else when its own unmatched op names a peer that never exchanges with it
-    (`with_crossed_peer`)."""
-    for rule in (_routine_departure, with_peer_change, with_crossed_peer):
+    (`with_crossed_peer`); or, the other way round, the poster's departure when it addressed a rank that
+    never exchanges with it and went on without it (`with_stranger_addressed`)."""
+    for rule in (_routine_departure, with_peer_change, with_crossed_peer, with_stranger_addressed):
         g = rule(ix, f)
         if g is not f:
             return g
@@ -329,3 +330,50 @@ def with_crossed_peer(ix: TraceIndex, f: Finding) -> Finding:
              f"(tag {int(d['tag'])}) {'to' if other == 'recv' else 'from'} it, which that {other} would have "
              f"matched, is never matched")
     return _wrong_peer(f, title, int(row["step"]), site, went, {r, q, x})
+
+
+def with_stranger_addressed(ix: TraceIndex, f: Finding) -> Finding:
+    """`f` (unmatched_p2p: rank q waits in a send to, or a recv from, rank r, which never posted the other
+    side) with the POSTER's departure, and q as its rank, when r has no send or recv with q anywhere in the
+    trace, waits in no send or recv of its own, and went on to a collective that q alone of its members has
+    not begun.
+
+    Why: every rank runs the same program, and r's run agrees with its peers': it finished its exchanges
+    (each matched) and waits where the others wait, on q. q's op is the one op of the job with no
+    counterpart, addressed to a rank that, by its whole record, never talks to q: q computed the wrong peer
+    (a grid's edge test off by one: rank 2 at the end of row 0 sends "east" to rank 3, the start of row 1).
+    The cycle through r's collective (r waits on q, q on r) is its consequence. Silent where r exchanges
+    with q anywhere (then r may have skipped its side: `_routine_departure`), where r waits in a p2p op
+    (`with_crossed_peer`'s case), and where r's collective is not one q alone holds up."""
+    d = f.data
+    r, q = int(f.cause.absent), int(f.cause.poster)
+    p = ix.p2p
+    rank, peer = p["rank"].to_numpy(), p["peer"].to_numpy()
+    if bool(((rank == r) & (peer == q)).any()):
+        return f
+    mine = p[rank == r]
+    if bool((mine["status"].astype(str).to_numpy() != S.STATUS_OK).any()):
+        return f
+    b = ix.blocking
+    rb = b[(b["rank"].to_numpy() == r)]
+    if len(rb) != 1 or str(rb["kind"].iloc[0]) != S.KIND_COLLECTIVE:
+        return f
+    g, k = str(rb["process_group"].iloc[0]), int(rb["collective_seq_id"].iloc[0])
+    miss = ix.missing
+    absent = miss[(miss["process_group"].astype(str).to_numpy() == g) & (miss["seq"].to_numpy() == k)]
+    if set(absent["rank"].astype(int).tolist()) != {q}:
+        return f
+    qp = p[(rank == q) & (peer == r) & (p["status"].astype(str).to_numpy() != S.STATUS_OK)]
+    if not len(qp):
+        return f
+    row = qp.sort_values(["start_ns", "op_id"], kind="stable").iloc[0]
+    site = str(row["call_site"])
+    prep = "to" if str(row["direction"]) == "send" else "from"
+    went = f"{row['op_name']} {prep} rank {r}"
+    coll = f"{rb['op_name'].iloc[0]} #{k} on {ix.label(g) if g in ix.groups else g}"
+    title = (f"{rank_label(ix.trace, [q])} posted {went}{f' at {site}' if site else ''}, a rank that never sends "
+             f"to or receives from it: rank {r} finished its own exchanges and waits in {coll} with the others, "
+             f"which rank {q} alone has not begun; so rank {q}'s {d.get('op_name', d['side'])} "
+             f"#{int(d['seq'])} (tag {int(d['tag'])}) is never matched")
+    g2 = _wrong_peer(f, title, int(row["step"]), site, went, {r, q})
+    return replace(g2, ranks=[q])

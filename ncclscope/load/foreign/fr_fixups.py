@@ -123,11 +123,11 @@ def complete_groups(users: dict[str, set[int]], present: set[int], world: int = 
     # one lone group is no mesh to complete from, unless the ranks it would put back are known to be
     # missing (a higher rank's dump exists): then nothing is guessed about ranks the dumps do not show
     lone = len(shapes) < 2 and not any(n >= 2 for _, n in shapes.values())
-    shapes = {gaps: taken for gaps, (taken, _) in shapes.items()}
     out: dict[str, tuple[int, ...]] = {}
+    family: dict[str, int] = {}                      # the chosen completion's shape: how many groups have it
     for name, m in users.items():
-        fits = set()
-        for gaps, taken in shapes.items():
+        fits: dict[tuple[int, ...], int] = {}
+        for gaps, (taken, n) in shapes.items():
             if len(m) > len(gaps) or m & taken:
                 continue
             offsets = [0] + list(np.cumsum(gaps))
@@ -137,13 +137,29 @@ def complete_groups(users: dict[str, set[int]], present: set[int], world: int = 
                     cand = tuple(start + int(o) for o in offsets)
                     extra = set(cand) - m
                     if start >= 0 and m <= set(cand) and extra and not extra & (present | taken):
-                        fits.add(cand)
+                        fits[cand] = max(fits.get(cand, 0), n)
         known = [c for c in fits if max(c) < world]     # ranks the dumps' names show missing come first
         pool = known if lone else (known or list(fits))
         fewest = [c for c in pool if len(c) == min(map(len, pool))]    # then the fewest ranks put back
         if len(fewest) == 1:
-            out[name] = fewest[0]
-    return out
+            out[name], family[name] = fewest[0], fits[fewest[0]]
+    return _drop_invented(out, family, users, world)
+
+
+def _drop_invented(out: dict[str, tuple[int, ...]], family: dict[str, int], users: dict[str, set[int]],
+                   world: int) -> dict[str, tuple[int, ...]]:
+    """The completions that put back a rank past the dumps' names only where the mesh says it exists: the
+    shape is one several groups share (a mesh dimension), or the rank is put back into two groups or more
+    (the one rank that completes both a tp and a dp group). A lone shape's look-alike is no such evidence:
+    {3,4} next to {0,1,2} is a second, smaller subgroup (new_subgroups_by_enumeration, a healthy job), not
+    {3,4,5} with an invented rank 5; and groups whose names the ranks number in different orders give
+    one-user groups that no one rank completes twice."""
+    uses: dict[int, int] = {}
+    for name, cand in out.items():
+        for r in set(cand) - users[name]:
+            uses[r] = uses.get(r, 0) + 1
+    return {name: cand for name, cand in out.items()
+            if family[name] >= 2 or all(uses[r] >= 2 for r in set(cand) - users[name] if r >= world)}
 
 
 def parse_profiling_name(name: str) -> tuple[str, str, str]:
