@@ -344,7 +344,8 @@ def with_stranger_addressed(ix: TraceIndex, f: Finding) -> Finding:
     (a grid's edge test off by one: rank 2 at the end of row 0 sends "east" to rank 3, the start of row 1).
     The cycle through r's collective (r waits on q, q on r) is its consequence. Silent where r exchanges
     with q anywhere (then r may have skipped its side: `_routine_departure`), where r waits in a p2p op
-    (`with_crossed_peer`'s case), and where r's collective is not one q alone holds up."""
+    (`with_crossed_peer`'s case), where r's collective is not one q alone holds up, and where q is not
+    blocked in its op to r (a rank that exited with an isend left open is a hang of its own)."""
     d = f.data
     r, q = int(f.cause.absent), int(f.cause.poster)
     p = ix.p2p
@@ -355,6 +356,9 @@ def with_stranger_addressed(ix: TraceIndex, f: Finding) -> Finding:
     if bool((mine["status"].astype(str).to_numpy() != S.STATUS_OK).any()):
         return f
     b = ix.blocking
+    qb = b[(b["rank"].to_numpy() == q)]
+    if not ((qb["kind"].astype(str).to_numpy() == S.KIND_P2P) & (qb["peer"].to_numpy() == r)).any():
+        return f                                # the poster is not blocked in it (it exited, say)
     rb = b[(b["rank"].to_numpy() == r)]
     if len(rb) != 1 or str(rb["kind"].iloc[0]) != S.KIND_COLLECTIVE:
         return f
