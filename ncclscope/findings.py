@@ -192,6 +192,8 @@ class CauseBasis(_StrEnum):
     LOOP = "loop"
     # ranks a monitored barrier reported as never arriving (barrier_report.py)
     BARRIER = "barrier-report"
+    # a 1 vs 1 tie decided by gloo's abort of the member that received more bytes than it posted (abort_ties.py)
+    ABORT = "abort"
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ import pandas as pd
 from ncclscope import schema as S
 from ncclscope.findings import Cause, CauseBasis, Evidence, Finding, InstanceRef, WaitSummary
 from ncclscope.hang.a2a import split_deviations
+from ncclscope.hang.abort_ties import larger_side
 from ncclscope.index.views import IndexLike, TraceIndex, as_index
 from ncclscope.index.history import find_history_deviations, merge_history
 from ncclscope.index.instances import find_deviations, near_instances, type_value
@@ -114,12 +115,20 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
     inst = coll[(coll["process_group"] == g) & (coll["collective_seq_id"] == k)].sort_values("rank")
     tie = bool(rows["tie"].any())
     named = ranks[:1] if tie else ranks
+    absent = sorted(set(members.get(g, [])) - set(int(r) for r in inst["rank"]))
+    # a 1 vs 1 tie whose other member gloo aborted: the survivor that posted more bytes (abort_ties.py)
+    aborted_by = larger_side(trace, inst, absent, [str(c) for c in rows["category"].unique()], g) if tie else None
+    flip = aborted_by is not None and aborted_by not in ranks
+    if aborted_by is not None:
+        named, tie = [aborted_by], False
     parts, cats = [], []
     history = False
     for cat, csub in rows.groupby("category", sort=False):
         maj = csub["majority"].iloc[0]
         value = csub["value"].iloc[0]
         cats.append(str(cat))
+        if flip:                         # worded from the named survivor's side
+            value, maj = maj, value
         if cat == "split":               # a2a.py words it: what it sends against what its peers expect
             parts.append(str(value))
         elif (csub["basis"] == "history").all():
@@ -139,7 +148,11 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
         title += (f" ({'its' if len(named) == 1 else 'their'} call at {site}"
                   + (f"; the others' at {theirs}{left_loop_note(cwds_of(trace), theirs, [site], before)}"
                      if theirs and theirs != site else "") + ")")
-    absent = sorted(set(members.get(g, [])) - set(int(r) for r in inst["rank"]))
+    if aborted_by is not None:
+        dead = _end_states(trace, absent)
+        title += (f"; a 1 vs 1 tie among the survivors, decided by {rank_label(trace, absent)}"
+                  f"{f' ({dead})' if dead else ''}: gloo aborts a member that receives more bytes than it "
+                  f"posted, so the dead one agreed with the smaller side")
     if absent and history:
         how = _end_states(trace, absent)
         title += f"; {rank_label(trace, absent)} left no record of #{k}" + (f" ({how})" if how else "")
@@ -154,9 +167,10 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
     if len(notok):
         title += (f"; {rank_label(trace, notok['rank'])} blocked in it"
                   + since_text(end_ns, notok['start_ns'].min(), " for "))
+    dev_ranks = set(named) if aborted_by is not None else set(int(x) for x in rows["rank"])
     ev = []
     for r in inst.itertuples(index=False):
-        is_dev = int(r.rank) in set(int(x) for x in rows["rank"])
+        is_dev = int(r.rank) in dev_ranks
         note = ("deviant: " if is_dev else "majority: ") + _summary(r) + f"; {r.status}"
         ev.append(Evidence(rank=int(r.rank), note=note, op_name=str(r.op_name), process_group=g, seq=k,
                            op_id=int(r.op_id), time_ns=int(r.start_ns)))
@@ -165,8 +179,8 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
     return Finding(kind="collective_mismatch", severity="error", title=title, ranks=named, evidence=ev[:24],
                    instance=InstanceRef(g, k),
                    data={"process_group": g, "seq": k, "categories": cats, "call_site": site},
-                   cause=Cause(basis=CauseBasis.HISTORY if history else CauseBasis.INSTANCE, ambiguous=tie,
-                               deviant_ranks=tuple(sorted(int(x) for x in rows["rank"].unique())),
+                   cause=Cause(basis=CauseBasis.HISTORY if history else CauseBasis.ABORT if aborted_by is not None
+                               else CauseBasis.INSTANCE, ambiguous=tie, deviant_ranks=tuple(sorted(dev_ranks)),
                                absent_ranks=tuple(absent), unfinished=bool(len(notok)), later_instances=later,
                                next_instances=nxt or None),
                    layout=MISMATCH_LAYOUT)
