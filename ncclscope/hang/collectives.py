@@ -121,6 +121,7 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
     flip = aborted_by is not None and aborted_by not in ranks
     if aborted_by is not None:
         named, tie = [aborted_by], False
+    dev_ranks = set(named) if aborted_by is not None else set(int(x) for x in rows["rank"])
     parts, cats = [], []
     history = False
     for cat, csub in rows.groupby("category", sort=False):
@@ -142,7 +143,7 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
     glabel = ix.label(g)
     title = f"{rank_label(trace, named)} deviates in {op} #{k} on {glabel}: " + "; ".join(parts)
     site = _deviant_site(inst, named)
-    theirs = _deviant_site(inst, sorted(set(int(r) for r in inst["rank"]) - set(int(x) for x in rows["rank"])), common=True)
+    theirs = _deviant_site(inst, sorted(set(int(r) for r in inst["rank"]) - dev_ranks), common=True)
     if site:                         # the user's line to look at, and the peers' where it differs
         before = recent_sites(trace, named[0]) if len(named) == 1 and theirs and theirs != site else None
         title += (f" ({'its' if len(named) == 1 else 'their'} call at {site}"
@@ -167,7 +168,6 @@ def _instance_finding(ix: TraceIndex, dev: pd.DataFrame, g: str, k: int, isub: p
     if len(notok):
         title += (f"; {rank_label(trace, notok['rank'])} blocked in it"
                   + since_text(end_ns, notok['start_ns'].min(), " for "))
-    dev_ranks = set(named) if aborted_by is not None else set(int(x) for x in rows["rank"])
     ev = []
     for r in inst.itertuples(index=False):
         is_dev = int(r.rank) in dev_ranks
