@@ -72,6 +72,12 @@ CASES: dict[str, tuple[str, list[int], int]] = {
     "grid_halo_east_bound": ("wrong_peer", [2], 6), "gossip_resume_parity": ("swap_order", [3], 4),
     "eval_sidecar_group_order": ("group_order", [4], 5), "seqpar_tail_chunk": ("size", [2], 3),
     "healthy_ps_partial_push": (HEALTHY, [], 4), "healthy_uneven_nodes_tree": (HEALTHY, [], 5),
+    "curriculum_stage_count": ("short_objlist", [2], 3), "val_recall_rare_class": ("exception", [2], 4),
+    "resume_sampler_resync": ("extra", [4], 6), "bucket_rows_cached_vote": ("skip", [3], 5),
+    "healthy_pretrain_finetune_tasks": (HEALTHY, [], 8), "healthy_vocab_ring_preempt": (HEALTHY, [], 7),
+    "zero3_unchanged_shard_cache": ("skip", [3], 4), "tp_dp_clip_metrics_default_group": ("wrong_group", [0], 6),
+    "moe_ep_dp_expert_monitor": ("exception", [4], 8), "zero1_async_ckpt_join_under_lock": ("hang_compute", [0], 3),
+    "healthy_ddp_actckpt_length_buckets": (HEALTHY, [], 5), "healthy_pipe3_dp2_uneven_accum": (HEALTHY, [], 6),
 }
 # a p2p pipeline whose last stage leaves its loop early also leaves a send unmatched
 KINDS_EXTRA = {"pipe_microbatches": ["unmatched_p2p"]}
