@@ -2,15 +2,15 @@
 
 gloo checks every message it receives against the buffer the receiver posted, and aborts the process
 (SIGABRT, `Received data size doesn't match expected size`, "12 vs 8") only when the message is larger:
-measured on this torch (all_reduce, all_gather_into_tensor and reduce_scatter_tensor, 3 ranks, the deviant
-posting twice or half the others' elements, each of the 12 runs): the rank that died was always one that
-received more than it posted, an innocent neighbour when the deviant's tensor was the larger, the deviant
-itself when it was the smaller. So where two survivors split 1 vs 1 on the byte count of an instance whose
-other member(s) died of that abort (killed by SIGABRT in a run trace; no dump at all among Flight Recorder
-dumps, whose writers lose an aborted process), the dead member was an innocent one that received the
-larger message: the survivor that posted more bytes is the deviant, and the smaller one agrees with the
-dead. Nothing is decided where the byte counts are equal (a dtype of one item size: gloo pairs those
-silently), where a survivor's sizes cannot be read, or where a member left no record for another reason.
+measured on this torch (`benchmarks/gloo_abort_side.py`: all_reduce, all_gather_into_tensor and
+reduce_scatter_tensor, 3 ranks, the deviant posting twice or half the others' elements, each of the 12 runs),
+the rank that died was always one that received more than it posted, an innocent neighbour when the deviant's
+tensor was the larger, the deviant itself when it was the smaller. So where two survivors split 1 vs 1 on the
+byte count of an instance whose other member(s) died of that abort (killed by SIGABRT in a run trace; no dump
+at all among Flight Recorder dumps, whose writers lose an aborted process), the dead member was an innocent
+one that received the larger message: the survivor that posted more bytes is the deviant, and the smaller one
+agrees with the dead. Nothing is decided where the byte counts are equal (a dtype of one item size: gloo pairs
+those silently), where a survivor's sizes cannot be read, or where a member left no record for another reason.
 """
 from __future__ import annotations
 
