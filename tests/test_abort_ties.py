@@ -8,6 +8,8 @@ use bfloat16): each's Flight Recorder dumps read "ambiguous (1 vs 1 tie), naming
 """
 from __future__ import annotations
 
+import json
+import math
 from types import SimpleNamespace
 
 import pandas as pd
@@ -19,14 +21,28 @@ from ncclscope.load.trace_model import RankInfo
 pytestmark = pytest.mark.timeout(60)
 
 
+_OPS: list[dict] = []          # every fixture row, as the loader's ops table holds it (its `bytes`)
+_ITEM = {"float32": 4, "bfloat16": 2, "int32": 4}
+
+
 def _trace(dead: RankInfo, backend: str = "gloo") -> SimpleNamespace:
     ranks = {0: dead, 1: RankInfo(rank=1, present=True), 2: RankInfo(rank=2, present=True)}
     groups = pd.DataFrame({"rank": [1, 2], "process_group": ["default_pg"] * 2, "backend": [backend] * 2})
-    return SimpleNamespace(ranks=ranks, groups=groups)
+    return SimpleNamespace(ranks=ranks, groups=groups, ops=pd.DataFrame(_OPS))
 
 
 def _inst(sizes: tuple[str, str], dtypes: tuple[str, str] = ("float32", "float32")) -> pd.DataFrame:
-    return pd.DataFrame({"rank": [1, 2], "input_sizes": list(sizes), "input_dtypes": list(dtypes)})
+    """Two instance rows; their ops' bytes (0, unknown, where a size text does not read) go to `_OPS`."""
+    rows = []
+    for rank, size, dtype in zip((1, 2), sizes, dtypes):
+        try:
+            numel = sum(math.prod(s) for s in json.loads(size.split("->")[0]))
+        except ValueError:
+            numel = 0
+        rows.append({"rank": rank, "op_id": len(_OPS), "bytes": numel * _ITEM[dtype]})
+        _OPS.append(rows[-1])
+    inst = pd.DataFrame(rows).drop(columns="bytes")
+    return inst.assign(input_sizes=list(sizes), input_dtypes=list(dtypes))
 
 
 NO_DUMP = RankInfo(rank=0, present=False)

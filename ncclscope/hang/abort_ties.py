@@ -10,40 +10,24 @@ byte count of an instance whose other member(s) died of that abort (killed by SI
 at all among Flight Recorder dumps, whose writers lose an aborted process), the dead member was an innocent
 one that received the larger message: the survivor that posted more bytes is the deviant, and the smaller one
 agrees with the dead. Nothing is decided where the byte counts are equal (a dtype of one item size: gloo pairs
-those silently), where a survivor's sizes cannot be read, or where a member left no record for another reason.
+those silently), where a survivor's byte count is not known, or where a member left no record for another reason.
 """
 from __future__ import annotations
 
-import json
-import math
-
+import numpy as np
 import pandas as pd
-
-from ncclscope.load.foreign.vocab import dtype_itemsize
 
 _CATEGORIES = {"size", "dtype"}
 
 
-def _nbytes(sizes: str, dtypes: str) -> int | None:
-    """Bytes of a row's input tensors ("[[2, 12]] -> [[3, 2, 12]]", "float32"); None where unreadable."""
-    try:
-        shapes = json.loads(str(sizes).split("->")[0].strip())
-    except ValueError:
+def _bytes(trace: object, inst: pd.DataFrame) -> list[int] | None:
+    """Bytes each row of `inst` posted, as the loader counted them (the ops' `bytes`); None where unknown."""
+    ops = getattr(trace, "ops", None)
+    if ops is None or "bytes" not in ops.columns or "op_id" not in inst.columns:
         return None
-    names = [d.strip() for d in str(dtypes).split(",") if d.strip()]
-    if not isinstance(shapes, list) or not shapes or not names:
-        return None
-    if len(names) == 1:
-        names = names * len(shapes)
-    if len(names) != len(shapes):
-        return None
-    total = 0
-    for shape, name in zip(shapes, names):
-        size = dtype_itemsize(name)
-        if not size or not isinstance(shape, list) or not all(isinstance(x, int) for x in shape):
-            return None
-        total += math.prod(shape) * size
-    return total
+    mine = ops[np.isin(ops["op_id"].to_numpy(), inst["op_id"].to_numpy())][["rank", "op_id", "bytes"]]
+    got = inst[["rank", "op_id"]].merge(mine, on=["rank", "op_id"], how="left")["bytes"].fillna(0)
+    return [int(b) for b in got] if (got > 0).all() else None
 
 
 def _aborted(trace: object, ranks: list[int]) -> bool:
@@ -76,9 +60,7 @@ def larger_side(trace: object, inst: pd.DataFrame, absent: list[int], categories
         return None
     if not _on_gloo(trace, group):
         return None
-    if "input_sizes" not in inst.columns or "input_dtypes" not in inst.columns:
-        return None
-    sizes = [_nbytes(s, d) for s, d in zip(inst["input_sizes"], inst["input_dtypes"])]
-    if None in sizes or sizes[0] == sizes[1]:
+    sizes = _bytes(trace, inst)
+    if sizes is None or sizes[0] == sizes[1]:
         return None
     return int(inst["rank"].iloc[0 if sizes[0] > sizes[1] else 1])
