@@ -202,7 +202,11 @@ def _decide(out: dict) -> tuple[bool, bool]:
     if strong and not last_ok and not power_limited:
         last_ok = True
     elif power_limited and not last_ok:
-        last_ok = out["steps_seen"] >= MIN_STEPS_ALL and out["steps_led"] == out["steps_seen"]
+        # ... and that outcome must itself be as rare as a strong effect's record (p <= ALPHA_STRONG): two
+        # ranks last in turn over 4 steps give 1/16 (a healthy 2-rank DDP job on a loaded CI host, the
+        # second rank 6 ms late in each of its 4 steps, read as a STRAGGLER warning)
+        last_ok = (out["steps_seen"] >= MIN_STEPS_ALL and out["steps_led"] == out["steps_seen"]
+                   and np.isfinite(out["p_last"]) and out["p_last"] <= ALPHA_STRONG)
         effect_ok = effect_ok and out["z"] >= POWER_Z
     return power_limited, bool(last_ok and effect_ok)
 

@@ -37,7 +37,8 @@ changes the exit code must stand out of the run's own noise on all of:
   Power: with two-member groups no outcome of n steps is rarer than 2^-n
   (six steps: 1/64 > ALPHA). Where even the most extreme outcome cannot reach
   ALPHA, the rank must show that outcome (last in every step, at least
-  MIN_STEPS_ALL = 4) and its compute effect must reach POWER_Z = 2 * MIN_Z,
+  MIN_STEPS_ALL = 4, and that record itself at most ALPHA_STRONG: two ranks
+  need 5 steps) and its compute effect must reach POWER_Z = 2 * MIN_Z,
   whatever its effect (straggler_stats: a strong effect stands in for a
   weaker record, p <= ALPHA_STRONG, only where a record could reach ALPHA);
 - effect size: per counted step (the first step is left out when there are
