@@ -12,7 +12,9 @@ reaped), and is judged twice: from the run directory, and from the Flight Record
 accuracy per bug class and evidence source (root rank, cause, file:line); every miss is kept as a
 reproducer directory (script, truth.json, analyze JSON, run and FR directories) under OUT/misses/.
 A faulty program whose job nevertheless ended cleanly on every rank is "silent" (the bug did not
-change what gloo did) and is left out of the scores, listed instead.
+change what gloo did) and is left out of the scores, listed instead. A job in which a rank failed in
+`init_process_group` (a loaded machine: a rank's store wait ran past the program's short timeout; no bug
+of the catalogue acts there) is run once more, and the table lists it.
 """
 from __future__ import annotations
 
@@ -187,9 +189,14 @@ def run_one(ns: argparse.Namespace, out: Path, work_root: Path, index: int, bug:
     prog = generate(ns.seed, index, bug, max_world=min(16, max(2, ns.max_world)))
     t = prog.truth
     work = work_root / t.name
+    shutil.rmtree(work, ignore_errors=True)    # a run that was stopped (--resume) may have left one
     job = run_job(prog, work, ns.timeout_s)
+    retried = not job.all_clean and setup_failed(work)
+    if retried:     # the machine, not the program: run it once more (said in the row and the table)
+        shutil.rmtree(work, ignore_errors=True)
+        job = run_job(prog, work, ns.timeout_s)
     row: dict = {"name": t.name, "bug": bug, "world": t.world, "culprits": t.culprits, "detail": t.detail,
-                 "lines": t.lines, "took_s": round(job.took_s, 1), "stopped": job.stopped,
+                 "setup_retry": retried, "lines": t.lines, "took_s": round(job.took_s, 1), "stopped": job.stopped,
                  "exits": job.exits, "fr_ranks": job.fr_ranks, "fr_left_out": job.fr_left_out}
     silent = bug != HEALTHY and CATALOGUE[bug].hangs and job.all_clean
     failed_healthy = bug == HEALTHY and not job.all_clean
@@ -211,6 +218,17 @@ def run_one(ns: argparse.Namespace, out: Path, work_root: Path, index: int, bug:
     if not ns.keep_all:
         shutil.rmtree(work, ignore_errors=True)
     return row
+
+
+def setup_failed(work: Path) -> bool:
+    """Whether the job failed in `init_process_group` (a rank's traceback passes through it): every bug of the
+    catalogue acts after it, so that is the machine (seed 20261228 #53: with two jobs and a test suite on 2
+    cores, a rank's TCPStore wait ran past the program's 5 s timeout), not the program."""
+    try:
+        log = (work / "job.log").read_bytes()
+    except OSError:
+        return False
+    return b", in init_process_group" in log
 
 
 def unjudged_dumps(bug: str, all_clean: bool, fr_ranks: list[int]) -> dict | None:
@@ -327,6 +345,10 @@ def table(results: list[dict], seed: int) -> str:
     if fa:
         lines.append("healthy: right = no error finding and exit code 0; warned (a warning only): "
                      + ", ".join(f"{r['name']}[{s}]" for r in fa for s in SOURCES if r[s].get("warned")) or "none")
+    retried = [r["name"] for r in results if r.get("setup_retry")]
+    if retried:
+        lines.append("run again once (a rank failed in init_process_group: the machine, not the program): "
+                     + ", ".join(retried))
     silent = [r["name"] for r in results if r["silent"]]
     failed = [r["name"] for r in results if r["healthy_job_failed"]]
     if silent:
