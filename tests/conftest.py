@@ -117,6 +117,22 @@ def composed():
 
 
 @pytest.fixture(scope="session")
+def analyze_json():
+    """`ncclscope analyze PATH --json` through the CLI's `main` in this process (`cli_in_process`) on a fixed,
+    read-only input (the sample traces), run once per session per PATH and shared by the tests that read that
+    command's output (test_samples.py, test_faces_agree.py, test_nccl_evidence.py). Returns the CliResult (exit
+    code, stdout, stderr); callers only read it."""
+    cache: dict[str, CliResult] = {}
+
+    def get(path: str | os.PathLike[str]) -> CliResult:
+        key = str(path)
+        if key not in cache:
+            cache[key] = cli_in_process(["analyze", key, "--json"])
+        return cache[key]
+    return get
+
+
+@pytest.fixture(scope="session")
 def pp_hung(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Hand-built, deterministic hung pipeline run (tests/tui_runs.py; the TUI snapshots use it)."""
     from tui_runs import write_pp_hung

@@ -14,6 +14,7 @@ import pytest
 
 pytest.importorskip("distributed")
 
+from conftest import cli_in_process                                 # noqa: E402
 from ncclscope.cli.output import json_report                       # noqa: E402
 from ncclscope.engine.cluster import Engine, open_engine           # noqa: E402
 from ncclscope.load.foreign import load_any                        # noqa: E402
@@ -46,6 +47,13 @@ def synth(tmp_path_factory) -> Path:
     subprocess.run([sys.executable, str(BENCH / "synth.py"), str(out), "--ranks", "64", "--events", "60000"],
                    check=True, capture_output=True, timeout=120)
     return out
+
+
+@pytest.fixture(scope="module")
+def synth_doc(synth) -> str:
+    """`_doc(synth, None)`: the scale trace's report read in this process, computed once and shared by the tests
+    that compare against it (read-only)."""
+    return _doc(synth, None)
 
 
 @pytest.fixture(scope="module")
@@ -116,9 +124,9 @@ def test_ops_joined_on_workers_are_the_ops_one_process_joins(synth, engine, tmp_
     assert _doc(run_dir, engine, ops_only=True) == _doc(run_dir, None)
 
 
-def test_a_scale_trace_reads_the_same_on_workers_and_reports_progress(synth, engine):
+def test_a_scale_trace_reads_the_same_on_workers_and_reports_progress(synth, synth_doc, engine):
     engine.seen.clear()
-    a, b = _doc(synth, engine), _doc(synth, None)
+    a, b = _doc(synth, engine), synth_doc             # b: _doc(synth, None), once per module
     assert a == b
     truth = json.loads((synth / "run.json").read_text())["synthetic"]["hang_rank"]
     assert f"rank {truth} " in json.loads(a)["verdict"]
@@ -154,7 +162,9 @@ def test_a_relative_path_names_the_same_files_on_the_cluster_s_workers(engine):
     and every warning worded as in one process."""
     here = ROOT / "sample_traces"
     assert Path(os.getcwd()) != here
-    plain = _cli("hung-pipeline", "--json", "--workers", "0", cwd=here)
+    # the reference: the same command through the CLI's `main` in this process, from `here` (the analyzer never
+    # imports torch; an interpreter start per command is spared); the cluster run is a real child process
+    plain = cli_in_process(["analyze", "hung-pipeline", "--json", "--workers", "0"], cwd=here)
     remote = _cli("hung-pipeline", "--json", "--scheduler", engine.client.scheduler.address, cwd=here)
     assert remote.returncode == plain.returncode == 1, remote.stderr
     assert remote.stdout == plain.stdout
@@ -164,7 +174,7 @@ def test_the_cli_gives_one_document_in_process_on_local_workers_and_on_a_cluster
     """In this process, on the cluster at --scheduler, and on a local cluster the command starts (--workers 2,
     text output: its verdict line is the JSON's)."""
     address = engine.client.scheduler.address
-    plain = _cli(str(synth), "--json", "--workers", "0")
+    plain = cli_in_process(["analyze", str(synth), "--json", "--workers", "0"])   # `main` here, in this process
     remote = _cli(str(synth), "--json", "--scheduler", address)
     assert plain.returncode == remote.returncode == 1, remote.stderr
     assert plain.stdout == remote.stdout
@@ -260,7 +270,7 @@ def test_the_watchdog_stops_the_analysis_with_one_line_before_the_machine_runs_o
         assert not exited.wait(1.2)
 
 
-def test_the_tui_opens_on_the_trace_the_workers_read(synth, monkeypatch, capsys):
+def test_the_tui_opens_on_the_trace_the_workers_read(synth, synth_doc, monkeypatch, capsys):
     """`tui --workers 2`: the input is read on the workers first (progress on stderr), the workers stop, then
     the app opens on that trace; its verdict is the in-process one."""
     from ncclscope.cli.main import main
@@ -273,6 +283,6 @@ def test_the_tui_opens_on_the_trace_the_workers_read(synth, monkeypatch, capsys)
     assert main(["tui", str(synth), "--workers", "2"]) == 1
     assert seen["trace"] is not None and "rank directories read 64/64" in capsys.readouterr().err
     assert not seen["trace"].ops_only and len(seen["trace"].samples)      # the TUI shows event rows and samples
-    assert run(seen["trace"]).verdict == run(load_any(str(synth))).verdict
+    assert run(seen["trace"]).verdict == json.loads(synth_doc)["verdict"]   # run(load_any(synth)), once per module
     seen.clear()
     assert main(["tui", str(synth), "--workers", "0"]) == 1 and seen["trace"] is None   # the app loads it

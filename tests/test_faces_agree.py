@@ -20,12 +20,6 @@ from ncclscope.cli.main import main
 SAMPLES = sorted(p for p in (ROOT / "sample_traces").iterdir() if (p / "run.json").is_file())
 
 
-def _analyze_json(capsys, path) -> dict:
-    capsys.readouterr()
-    main(["analyze", str(path), "--json"])
-    return json.loads(capsys.readouterr().out)
-
-
 def _report_headline(capsys, path, out) -> str:
     capsys.readouterr()
     main(["report", str(path), "-o", str(out)])
@@ -38,9 +32,9 @@ def _report_headline(capsys, path, out) -> str:
 
 
 @pytest.mark.parametrize("sample", SAMPLES, ids=[p.name for p in SAMPLES])
-def test_analyze_report_and_composer_say_the_same_verdict(capsys, tmp_path, sample, composed):
+def test_analyze_report_and_composer_say_the_same_verdict(capsys, tmp_path, sample, composed, analyze_json):
     verdict = composed(sample).verdict      # run(load(sample)), once per session (conftest)
-    printed = _analyze_json(capsys, sample)["verdict"]
+    printed = json.loads(analyze_json(sample).stdout)["verdict"]   # `analyze SAMPLE --json`, once per session
     headline = _report_headline(capsys, sample, tmp_path / "r.html")
     assert printed == verdict
     assert headline == verdict

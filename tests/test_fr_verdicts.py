@@ -44,21 +44,34 @@ def _analyze(path: Path):
     return a, head
 
 
-def test_wrong_group_by_call_site_names_the_culprit_and_the_call_site(dumps):
-    a, head = _analyze(dumps["wrong_group"])
+@pytest.fixture(scope="module")
+def analyzed(dumps):
+    """`_analyze(dumps[scenario])` of the module's unmodified dumps, computed once per scenario and shared
+    by the tests that hold it (several tests read the same dumps' analysis); callers only read it."""
+    cache: dict[str, tuple] = {}
+
+    def get(scenario: str):
+        if scenario not in cache:
+            cache[scenario] = _analyze(dumps[scenario])
+        return cache[scenario]
+    return get
+
+
+def test_wrong_group_by_call_site_names_the_culprit_and_the_call_site(analyzed):
+    a, head = analyzed("wrong_group")
     assert a.verdict.startswith("WRONG GROUP: rank 1 called all_reduce"), a.verdict
     assert (head.kind, head.ranks) == ("wrong_group", [1])
     assert re.search(r"at tests/fr_jobs\.py:\d+", a.verdict), a.verdict
 
 
-def test_group_creation_disagreement_from_pg_config_names_the_culprit(dumps):
-    a, head = _analyze(dumps["group_order"])
+def test_group_creation_disagreement_from_pg_config_names_the_culprit(analyzed):
+    a, head = analyzed("group_order")
     assert a.verdict.startswith("GROUP MISMATCH: rank 2 disagrees on the members of"), a.verdict
     assert (head.kind, head.ranks) == ("group_mismatch", [2])
 
 
-def test_healthy_dumps_stay_ok(dumps):
-    a, _ = _analyze(dumps["healthy"])
+def test_healthy_dumps_stay_ok(analyzed):
+    a, _ = analyzed("healthy")
     assert a.ok, a.verdict
     assert a.verdict.startswith("OK")
 
@@ -173,8 +186,8 @@ def test_dumps_without_timestamps_say_no_duration(dumps, tmp_path):
 
 # ---- durations: said where the dump has them, never "0.0 s" ----------------------------------------
 @pytest.mark.parametrize("scenario", ["wrong_group", "group_order", "healthy"])
-def test_no_sentence_says_zero_seconds(dumps, scenario):
-    a, _ = _analyze(dumps[scenario])
+def test_no_sentence_says_zero_seconds(analyzed, scenario):
+    a, _ = analyzed(scenario)
     bad = [t for t in _texts(a) if "0.0 s" in t]
     assert not bad, bad[:3]
 
@@ -189,9 +202,9 @@ def test_dumps_without_usable_times_say_no_duration_anywhere(dumps, tmp_path, ho
     assert all(f.wait is None or f.wait.wait_s is None for f in a.findings)
 
 
-def test_real_timestamps_give_the_wait_of_the_waiters(dumps):
+def test_real_timestamps_give_the_wait_of_the_waiters(analyzed):
     # the ranks behind the wrong call waited for the job's op timeout before the job dumped them
-    a, head = _analyze(dumps["wrong_group"])
+    a, head = analyzed("wrong_group")
     assert head.wait is not None and head.wait.wait_s is not None
     assert 0.5 * OP_TIMEOUT_S <= head.wait.wait_s <= 10 * OP_TIMEOUT_S, a.verdict
     assert re.search(r"waiting in all_reduce #\d+ on \S+ since \d+\.\d s", a.verdict), a.verdict

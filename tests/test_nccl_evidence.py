@@ -290,8 +290,13 @@ def test_unusable_nccl_output_is_one_line(tmp_path, capsys, what):
     assert ("NCCL Inspector" in err) if what == "garbage" else ("Prometheus" in err)
 
 
-def test_sample_trace_gives_its_recorded_verdict(capsys):
+def test_sample_trace_gives_its_recorded_verdict(analyze_json):
     rec = json.loads((ROOT / "sample_traces" / "verdicts.json").read_text())["nccl-ras-inspector"]
-    rc, verdict, kind, ranks, rep = verdict_of(capsys, ROOT / "sample_traces" / "nccl-ras-inspector")
+    res = analyze_json(ROOT / "sample_traces" / "nccl-ras-inspector")   # `analyze IT --json`, once per session
+    assert "Traceback" not in res.stderr, res.stderr
+    rep = json.loads(res.stdout) if res.stdout.strip() else {}
+    top = head(rep)
+    kind, ranks = (top["kind"], sorted(top["ranks"])) if top else ("ok", [])
+    rc, verdict = res.returncode, rep["verdict"]
     assert (verdict, kind, ranks, rc) == (rec["verdict"], rec["kind"], rec["root_ranks"], 1)
     assert not rep["warnings"]

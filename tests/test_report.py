@@ -112,14 +112,14 @@ def test_real_run_report_renders_in_chromium(real_run: Path, tmp_path: Path) -> 
     assert stats["failed"] == [] and stats["bytes"] < 15 * 2**20
     required = {"timeline", "skew", "gradnorm", "collectives", "memory"} | ({"utilization"} if len(trace.samples) else set())
     assert required <= set(stats["sections"])
-    dom = browse(out, tmp_path, "--dump-dom")
+    # one Chromium run loads and draws the page once, then dumps its DOM and takes the screenshot
+    shot = tmp_path / "report.png"
+    dom = browse(out, tmp_path, "--dump-dom", f"--screenshot={shot}", "--window-size=1300,2400")
     assert 'data-js-errors="0"' in dom, re.findall(r'<pre id="js-errors"[^>]*>([^<]*)', dom)
     drawn = sections_rendered(dom)
     assert set(drawn) == set(stats["sections"]) and all(drawn.values()), drawn
     assert f'data-rendered="{len(stats["sections"])}"' in dom
     assert 'id="verdict"' in dom and 'id="findings"' in dom
-    shot = tmp_path / "report.png"
-    browse(out, tmp_path, f"--screenshot={shot}", "--window-size=1300,2400")
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 30_000
 

@@ -214,11 +214,21 @@ def _shape(run_dir: Path) -> dict:
     return {"files": files, "counts": counts}
 
 
+def torchrun(name: str, argv: list[str], timeout: float = 120.0) -> subprocess.CompletedProcess:
+    """`torchrun ARGV`: torch's launcher (`torch.distributed.run.main(ARGV)`) in a fork of the suite's warm
+    process when it is up, as `ncclscope run` is here (`_warm_launcher`: the launcher does not import torch
+    again; its ranks are still fresh interpreters it starts), else `python -m torch.distributed.run`.
+    tests/test_dp_runtime.py::test_entry_point_runs_unchanged_under_torchrun starts torchrun's own process."""
+    if _ZYGOTE:
+        return _ZYGOTE[0].call(name, "torch.distributed.run:main", [argv], timeout)
+    return _run([sys.executable, "-m", "torch.distributed.run", *argv], timeout)
+
+
 def test_torchrun_writes_the_same_run_directory_as_ncclscope_run(tmp_path, ddp_healthy):
     (a, pa_), b = ddp_healthy, tmp_path / "b"
     assert pa_.returncode == 0, pa_.stderr[-3000:]
-    pb = _run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-               "-m", "ncclscope.run", "--out", str(b), "examples/ddp.py", "--steps", "3"])
+    pb = torchrun(f"torchrun-{tmp_path.name}", ["--standalone", "--nproc-per-node", "2", "-m", "ncclscope.run",
+                                                "--out", str(b), "examples/ddp.py", "--steps", "3"])
     assert pb.returncode == 0, pb.stderr[-3000:]
     assert _shape(a) == _shape(b)
     assert (b / "run.json").exists() and json.loads((b / "run.json").read_text())["launcher"] == "torchrun"

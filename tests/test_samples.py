@@ -13,17 +13,10 @@ import shlex
 import pytest
 
 from conftest import ROOT, run_cli
-from ncclscope.cli.main import main
 
 SAMPLES = ROOT / "sample_traces"
 RECORDED = json.loads((SAMPLES / "verdicts.json").read_text())
 CLASSICS = {"healthy", "hung-pipeline", "wrong-group", "dead-rank", "straggler", "divergence", "moe-imbalance"}
-
-
-def analyze(capsys, path, *extra: str) -> tuple[int, str]:
-    capsys.readouterr()
-    rc = main(["analyze", str(path), *extra])
-    return rc, capsys.readouterr().out
 
 
 def headline(report: dict) -> dict | None:
@@ -61,9 +54,10 @@ def test_sample_was_made_by_its_recorded_command(name):
 
 
 @pytest.mark.parametrize("name", sorted(RECORDED))
-def test_recorded_verdict_still_holds(name, capsys):
+def test_recorded_verdict_still_holds(name, analyze_json):
     rec = RECORDED[name]
-    rc, out = analyze(capsys, SAMPLES / name, "--json")
+    res = analyze_json(SAMPLES / name)        # main(["analyze", SAMPLE, "--json"]), once per session (conftest)
+    rc, out = res.returncode, res.stdout
     report = json.loads(out)
     assert report["verdict"].split(":", 1)[0] == rec["verdict_prefix"], report["verdict"]
     top = headline(report)
