@@ -210,10 +210,10 @@ def run_one(ns: argparse.Namespace, out: Path, work_root: Path, index: int, bug:
         rc, rep = analyze(path, work / f"analyze_{src}.json", extra=world_args(src, t.world, ns.fr_world_size))
         row[src] = score(t, prog.filename, rc, rep, src, job.fr_left_out)
     miss = row["miss"] = is_miss(row)
+    dst = out / "misses" / t.name
+    if dst.exists():                # an earlier run's copy (--resume), right or wrong now
+        shutil.rmtree(dst)
     if miss:
-        dst = out / "misses" / t.name
-        if dst.exists():
-            shutil.rmtree(dst)
         shutil.copytree(work, dst)
     if not ns.keep_all:
         shutil.rmtree(work, ignore_errors=True)

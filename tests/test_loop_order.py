@@ -157,3 +157,40 @@ def test_a_skip_before_a_broadcast_object_list_is_read_from_the_dumps(tmp_path):
     a = run(load_flight_recorder(timed_dumps("rp20261222_026_skip_fr", tmp_path)))
     assert a.headline is not None and (a.headline.kind, a.headline.ranks) == ("hang", [1]), a.verdict
     assert "went on to broadcast #4" in a.verdict, a.verdict
+
+
+def _short_shard(short: int = 1, iterations: int = 3) -> TraceBuilder:
+    """Seed 20261229 #18, in small: a loop of an all_to_all and an all_gather on each rank's pair group
+    ({0,1}, {2,3}), then a world barrier, the world's first call. Rank `short`'s shard is one batch short: it
+    reaches the barrier after `iterations - 1` passes; its partner waits in the next pass's all_to_all, the
+    other pair finished every pass and waits in the barrier."""
+    pairs = {0: "tp0", 1: "tp0", 2: "tp1", 3: "tp1"}
+    b = TraceBuilder(4, groups=GROUPS)
+    for r in range(4):
+        t, seq = 0.1, 0
+        for i in range(iterations - 1 if r == short else iterations):
+            stuck = r == (short ^ 1) and i == iterations - 1
+            seq += 1
+            b.collective(r, pairs[r], seq, op="all_to_all", start=t, end=None if stuck else t + 0.01,
+                         call_site="prog.py:41")
+            if stuck:
+                break
+            seq += 1
+            b.collective(r, pairs[r], seq, op="all_gather", start=t + 0.02, end=t + 0.03, call_site="prog.py:43")
+            t += 0.1
+        else:
+            b.collective(r, "world", 1, op="barrier", start=t, end=None, call_site="prog.py:60")
+        b.heartbeats(r, 0.0, 5.0)
+    return b
+
+
+@pytest.mark.parametrize("short", [0, 1, 3])
+def test_a_rank_whose_loop_ran_out_before_a_first_world_barrier_is_the_root_not_its_partner(short):
+    """Its partner, still in the loop, never posted the barrier (3 of 4 did) and "went on" to the next
+    all_to_all: the skip rule named the partner. The group's first instance has no instance before it to
+    count the posters' calls from; they are counted from the start of each record (complete in a run trace):
+    two of the three posters made the partner's blocked call as often as it has, so it has not reached the
+    barrier yet."""
+    a = run(_short_shard(short).build())
+    assert a.root_ranks == [short], a.verdict
+    assert f"rank {short} left its loop" in a.verdict or f"rank {short} never posted" in a.verdict, a.verdict

@@ -186,14 +186,15 @@ def since_last_says(ctx: WaitContext, e: Any) -> bool | None:
     simply not got there: False. (Most, not all: the rank that left the statement out is often a poster.
     At least as many, not just once: a statement that also runs after g #k, an inner loop, would have the
     target past it.) Counted from g #k-1, not from the start, so dumps whose ring buffers begin at
-    different calls are read alike. None where the posters say nothing, or where the target posted anything
-    after that collective (an async call left open, DDP's all_reduce, while it waits in a later send: seed
-    20261218 #2)."""
+    different calls are read alike; for the group's first instance (no g #k-1: a barrier after a loop on
+    other groups) from the start of each record, where every record begins with the group's (`_from_start`).
+    None where the posters say nothing, or where the target posted anything after that collective (an
+    async call left open, DDP's all_reduce, while it waits in a later send: seed 20261218 #2)."""
     b = ctx.blocking
     mine = b[(b["rank"] == e.target).to_numpy()]
     tb = mine[(mine["kind"] == S.KIND_COLLECTIVE).to_numpy()]
     k = int(e.seq)
-    if len(tb) != 1 or k < 2 or (mine["start_ns"] > int(tb["start_ns"].iloc[0])).any():
+    if len(tb) != 1 or k < 1 or (mine["start_ns"] > int(tb["start_ns"].iloc[0])).any():
         return None          # blocked in a send/recv posted after it: it went on (an async call left open)
     site, op = str(tb["call_site"].iloc[0]), str(tb["op_name"].iloc[0])
     if not site:
@@ -203,19 +204,39 @@ def since_last_says(ctx: WaitContext, e: Any) -> bool | None:
                 & coll["collective_seq_id"].isin([k - 1, k]).to_numpy()]
     # per rank: the start of its g #k-1 (lo) and of its g #k (hi; never, for the target)
     span = on_g.pivot_table(index="rank", columns="collective_seq_id", values="start_ns", aggfunc="min")
-    if k - 1 not in span.columns or k not in span.columns or pd.isna(span[k - 1].get(target)):
+    if k not in span.columns:
         return None
-    lo, hi = span[k - 1], span[k]
-    posters = hi.index[hi.notna() & lo.notna() & (hi.index != target)]
+    hi = span[k]
+    if k == 1:      # the group's first instance: counted from the start of each record (`_from_start`)
+        lo = pd.Series(-1, index=sorted(set(hi.index) | {target}), dtype="int64")
+    elif k - 1 not in span.columns or pd.isna(span[k - 1].get(target)):
+        return None
+    else:
+        lo = span[k - 1]
+    posters = hi.index[hi.notna() & lo.reindex(hi.index).notna() & (hi.index != target)]
     if not len(posters):
         return None
     y = coll[(coll["op_name"].astype(str) == op).to_numpy() & (coll["call_site"].astype(str) == site).to_numpy()]
     y = y[y["rank"].isin(list(posters) + [target]).to_numpy()]
+    if k == 1 and not _from_start(coll, y):
+        return None
     r, start = y["rank"], y["start_ns"]
     since = start > r.map(lo)                   # after the rank's g #k-1 ...
     n_target = int((since & (r == target)).sum())
     n = (since & (start < r.map(hi)) & (r != target)).groupby(r).sum().reindex(posters, fill_value=0)
     return False if 2 * int(((n_target > 0) & (n >= n_target)).sum()) > len(posters) else None
+
+
+def _from_start(coll: pd.DataFrame, y: pd.DataFrame) -> bool:
+    """Whether each rank's record of the groups the calls `y` were made on begins where the group's record
+    begins on every rank (a run trace; dumps whose ring buffers kept each group from its first call): then
+    counting the calls since the start of each record, as `since_last_says` does for a group's first
+    instance (a barrier after a loop on other groups: seed 20261229 #18), counts them all."""
+    if not len(y):
+        return False
+    sub = coll[coll["process_group"].isin(set(y["process_group"])).to_numpy()]
+    first = sub.groupby(["process_group", "rank"], observed=True)["collective_seq_id"].min()
+    return bool((first.groupby(level=0, observed=True).nunique() == 1).all())
 
 
 def loop_says(ctx: WaitContext, e: Any) -> bool | None:
