@@ -175,7 +175,7 @@ def loop_leavers(ctx: WaitContext, tied: pd.DataFrame) -> pd.DataFrame:
     return cand.iloc[keep].drop(columns=["target_group", "target_op"]).assign(loop=True)
 
 
-def since_last_says(ctx: WaitContext, e: Any) -> bool | None:
+def since_last_says(ctx: WaitContext, e: Any, memo: dict | None = None) -> bool | None:
     """Has target `e.target` not yet reached the instance `g #k` (e.process_group, e.seq), by the calls the
     instance's posters made since the instance before it? For a call the target's loop never issued before
     (DDP's bucket-order broadcast of the second iteration, a one-off barrier), its own history cannot
@@ -189,7 +189,11 @@ def since_last_says(ctx: WaitContext, e: Any) -> bool | None:
     different calls are read alike; for the group's first instance (no g #k-1: a barrier after a loop on
     other groups) from the start of each record, where every record begins with the group's (`_from_start`).
     None where the posters say nothing, or where the target posted anything after that collective (an
-    async call left open, DDP's all_reduce, while it waits in a later send: seed 20261218 #2)."""
+    async call left open, DDP's all_reduce, while it waits in a later send: seed 20261218 #2).
+    `memo` holds what does not depend on the target (an instance's spans, a statement's calls, the groups
+    whose records begin alike) across the targets `not_reached` asks about: a world barrier may have
+    hundreds."""
+    memo = {} if memo is None else memo
     b = ctx.blocking
     mine = b[(b["rank"] == e.target).to_numpy()]
     tb = mine[(mine["kind"] == S.KIND_COLLECTIVE).to_numpy()]
@@ -200,43 +204,71 @@ def since_last_says(ctx: WaitContext, e: Any) -> bool | None:
     if not site:
         return None
     coll, target = ctx.coll, int(e.target)
-    on_g = coll[(coll["process_group"] == e.process_group).to_numpy()
-                & coll["collective_seq_id"].isin([k - 1, k]).to_numpy()]
-    # per rank: the start of its g #k-1 (lo) and of its g #k (hi; never, for the target)
-    span = on_g.pivot_table(index="rank", columns="collective_seq_id", values="start_ns", aggfunc="min")
+    g = str(e.process_group)
+    span = _memo(memo, ("span", g, k), lambda: _instance_spans(coll, e.process_group, k))
     if k not in span.columns:
         return None
-    hi = span[k]
     if k == 1:      # the group's first instance: counted from the start of each record (`_from_start`)
-        lo = pd.Series(-1, index=sorted(set(hi.index) | {target}), dtype="int64")
+        lo_target = -1
     elif k - 1 not in span.columns or pd.isna(span[k - 1].get(target)):
         return None
     else:
-        lo = span[k - 1]
-    posters = hi.index[hi.notna() & lo.reindex(hi.index).notna() & (hi.index != target)]
-    if not len(posters):
+        lo_target = span[k - 1][target]
+    calls = _memo(memo, ("calls", op, site), lambda: _statement_calls(coll, op, site))
+    # per poster of g #k (a rank that posted g #k-1 too): its calls of the statement in between
+    posted = _memo(memo, ("posted", g, k, op, site), lambda: _calls_between(span, k, calls))
+    n = posted.drop(target, errors="ignore")
+    if not len(n):
         return None
-    y = coll[(coll["op_name"].astype(str) == op).to_numpy() & (coll["call_site"].astype(str) == site).to_numpy()]
-    y = y[y["rank"].isin(list(posters) + [target]).to_numpy()]
-    if k == 1 and not _from_start(coll, y):
-        return None
+    own = calls[(calls["rank"] == target).to_numpy()]
+    if k == 1:
+        theirs = _memo(memo, ("groups", g, k, op, site),
+                       lambda: set(calls.loc[calls["rank"].isin(posted.index).to_numpy(), "process_group"]))
+        groups = set(own["process_group"]) | theirs
+        if not groups or not groups <= _memo(memo, ("aligned",), lambda: _from_start(coll)):
+            return None
+    n_target = int((own["start_ns"] > lo_target).sum())          # the target's since its g #k-1
+    return False if n_target > 0 and 2 * int((n >= n_target).sum()) > len(n) else None
+
+
+def _memo(memo: dict, key: tuple, make: Any) -> Any:
+    if key not in memo:
+        memo[key] = make()
+    return memo[key]
+
+
+def _instance_spans(coll: pd.DataFrame, group: Any, k: int) -> pd.DataFrame:
+    """Per rank (index) and seq (columns k-1, k): the start of its call of `group` #seq."""
+    on_g = coll[(coll["process_group"] == group).to_numpy() & coll["collective_seq_id"].isin([k - 1, k]).to_numpy()]
+    return on_g.pivot_table(index="rank", columns="collective_seq_id", values="start_ns", aggfunc="min")
+
+
+def _statement_calls(coll: pd.DataFrame, op: str, site: str) -> pd.DataFrame:
+    """Every rank's calls of one statement (op and call site): rank, start, group (as text)."""
+    y = coll.loc[(coll["op_name"].astype(str) == op).to_numpy() & (coll["call_site"].astype(str) == site).to_numpy(),
+                 ["rank", "start_ns", "process_group"]]
+    return y.assign(process_group=y["process_group"].astype(str))
+
+
+def _calls_between(span: pd.DataFrame, k: int, calls: pd.DataFrame) -> pd.Series:
+    """Per rank that posted g #k (and g #k-1, for k > 1): its `calls` after its g #k-1 and before its g #k."""
+    hi = span[k]
+    lo = span[k - 1] if k > 1 else pd.Series(-1, index=span.index, dtype="int64")
+    posters = hi.index[(hi.notna() & lo.notna()).to_numpy()]
+    y = calls[calls["rank"].isin(posters).to_numpy()]
     r, start = y["rank"], y["start_ns"]
-    since = start > r.map(lo)                   # after the rank's g #k-1 ...
-    n_target = int((since & (r == target)).sum())
-    n = (since & (start < r.map(hi)) & (r != target)).groupby(r).sum().reindex(posters, fill_value=0)
-    return False if 2 * int(((n_target > 0) & (n >= n_target)).sum()) > len(posters) else None
+    inside = (start > r.map(lo)) & (start < r.map(hi))
+    return inside.groupby(r).sum().reindex(posters, fill_value=0)
 
 
-def _from_start(coll: pd.DataFrame, y: pd.DataFrame) -> bool:
-    """Whether each rank's record of the groups the calls `y` were made on begins where the group's record
-    begins on every rank (a run trace; dumps whose ring buffers kept each group from its first call): then
-    counting the calls since the start of each record, as `since_last_says` does for a group's first
-    instance (a barrier after a loop on other groups: seed 20261229 #18), counts them all."""
-    if not len(y):
-        return False
-    sub = coll[coll["process_group"].isin(set(y["process_group"])).to_numpy()]
-    first = sub.groupby(["process_group", "rank"], observed=True)["collective_seq_id"].min()
-    return bool((first.groupby(level=0, observed=True).nunique() == 1).all())
+def _from_start(coll: pd.DataFrame) -> set[str]:
+    """The groups whose record begins at the same call on every rank that has one (a run trace; dumps whose
+    ring buffers kept each group from its first call): counting a statement's calls on them since the start
+    of each record, as `since_last_says` does for a group's first instance (a barrier after a loop on other
+    groups: seed 20261229 #18), counts them all."""
+    first = coll.groupby(["process_group", "rank"], observed=True)["collective_seq_id"].min()
+    n = first.groupby(level=0, observed=True).nunique()
+    return set(n.index[(n == 1).to_numpy()].astype(str))
 
 
 def loop_says(ctx: WaitContext, e: Any) -> bool | None:
@@ -267,10 +299,11 @@ def not_reached(ctx: WaitContext, edges: pd.DataFrame) -> np.ndarray:
         return np.zeros(0, dtype=bool)
     key = ["target", "process_group", "seq"]
     first = edges.drop_duplicates(key)
-    said = {}
+    said, memo = {}, {}
     for e in first.itertuples(index=False):
         own = loop_says(ctx, e)
-        said[(e.target, e.process_group, e.seq)] = own is False or (own is None and since_last_says(ctx, e) is False)
+        said[(e.target, e.process_group, e.seq)] = own is False or (own is None
+                                                                   and since_last_says(ctx, e, memo) is False)
     return np.fromiter((said[k] for k in zip(edges["target"], edges["process_group"], edges["seq"])),
                        dtype=bool, count=len(edges))
 
