@@ -20,6 +20,7 @@ from ncclscope.index.views import IndexLike, as_index
 from ncclscope.index.labels import rank_label
 from ncclscope.hang.loop_order import sequence_deviant
 from ncclscope.hang.site_visits import same_call_history
+from ncclscope.hang.skipped_statement import skipped_statement
 
 HISTORY_MIN = 2                 # earlier calls that must agree before a rank's history counts
 # ... where the only other member of the instance left no record at all (no dump: its process died): one
@@ -107,8 +108,9 @@ def resolve_by_history(source: IndexLike, findings: list[Finding]) -> list[Findi
                 decided.add((g, k))
                 continue
             seq_dev = sequence_deviant(coll, rows, g)
-            if seq_dev is not None:
-                out.append(_sequence_finding(ix, g, k, rows, seq_dev, base=f))
+            skip = None if seq_dev is not None else skipped_statement(coll, rows, g)
+            if seq_dev is not None or skip is not None:
+                out.append(_sequence_finding(ix, g, k, rows, seq_dev or skip, base=f, skipped=skip is not None))
                 decided.add((g, k))
                 continue
         out.append(f)
@@ -208,19 +210,25 @@ def _history_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: dict, base: Fi
 
 
 def _sequence_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: tuple[int, str, str, int],
-                      base: Finding | None = None, before_death: bool = False, absent: list[int] | None = None
-                      ) -> Finding:
+                      base: Finding | None = None, before_death: bool = False, absent: list[int] | None = None,
+                      skipped: bool = False) -> Finding:
     """A tie decided by the members' own sequences on the group (loop_order.sequence_deviant): the rank
     whose call is not the one its earlier calls issue at that point, where every other member's is; or a
-    lone record whose other members left no dump (`absent`, no `base`: `_lone_records`)."""
+    lone record whose other members left no dump (`absent`, no `base`: `_lone_records`); or, `skipped`, the
+    rank that skipped a statement of its loop to make its call (skipped_statement.py)."""
     rank, op, site, n = dev
     mine = rows[rows["rank"] == rank].iloc[0]
     others = rows[rows["rank"] != rank].sort_values("rank")
     at = f" at {mine['call_site']}" if str(mine["call_site"]) else ""
+    src = f" from {site}" if site else ""
+    iters = f"{n} earlier iteration{'' if n == 1 else 's'}"
     title = (f"{rank_label(ix.trace, [rank])} deviates in {mine['op_name']} #{k} on {ix.label(g)}: called "
-             f"{mine['op_name']}{at} where its own earlier calls on {g} issue {op}"
-             f"{' from ' + site if site else ''} at this point of its loop ({n} earlier iteration"
-             f"{' says' if n == 1 else 's say'} so)")
+             f"{mine['op_name']}{at} where its own earlier calls on {g} issue {op}{src} at this point of its loop "
+             f"({iters} {'says' if n == 1 else 'say'} so)")
+    if skipped:
+        title = (f"{rank_label(ix.trace, [rank])} deviates in {mine['op_name']} #{k} on {ix.label(g)}: called "
+                 f"{mine['op_name']}{at} without the {op}{src} on {g} that came before it in "
+                 f"{'its own earlier iteration' if n == 1 else f'each of its own {iters}'} (it skipped that call)")
     if len(others):
         title += (f"; {rank_label(ix.trace, others['rank'])} called what "
                   f"{'its own loop issues' if len(others) == 1 else 'their own loops issue'} there")
