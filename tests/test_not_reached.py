@@ -1,6 +1,6 @@
 """A rank blocked in a call that comes, in this iteration, before the instance the others wait in has not
 skipped that instance, even where its own history cannot place the instance (a call its loop never issued
-before): its peers' calls since the instance before it say so (`loop_order.since_last_says`)."""
+before): its peers' calls since the instance before it say so (`since_last.since_last_says`)."""
 from __future__ import annotations
 
 from pathlib import Path
