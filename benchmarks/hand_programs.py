@@ -1,6 +1,6 @@
 """Accuracy on hand-written plain-PyTorch programs (benchmarks/hand_programs/), judged like the random ones.
 
-    OMP_NUM_THREADS=1 python benchmarks/hand_programs.py --out /tmp/hand            # all 93, ~40 min on 2 cores
+    OMP_NUM_THREADS=1 python benchmarks/hand_programs.py --out /tmp/hand            # all 101, ~45 min on 2 cores
     OMP_NUM_THREADS=1 python benchmarks/hand_programs.py --out /tmp/hand --only grad_accum,early_stop
     python benchmarks/hand_programs.py --rejudge /tmp/hand                          # kept runs, this code
 
@@ -78,6 +78,10 @@ CASES: dict[str, tuple[str, list[int], int]] = {
     "zero3_unchanged_shard_cache": ("skip", [3], 4), "tp_dp_clip_metrics_default_group": ("wrong_group", [0], 6),
     "moe_ep_dp_expert_monitor": ("exception", [4], 8), "zero1_async_ckpt_join_under_lock": ("hang_compute", [0], 3),
     "healthy_ddp_actckpt_length_buckets": (HEALTHY, [], 5), "healthy_pipe3_dp2_uneven_accum": (HEALTHY, [], 6),
+    "ps_unlabeled_push_skip": ("wrong_peer", [3], 4), "topk_adaptive_density": ("size", [2], 4),
+    "hier_allreduce_stale_hostfile": ("wrong_group", [2], 4), "warmup_bcast_stale_resume": ("skip", [3], 4),
+    "shampoo_owner_cholesky": ("exception", [2], 4), "adaptive_clip_bisect_spin": ("hang_compute", [1], 4),
+    "healthy_hook_overlap_tied": (HEALTHY, [], 4), "healthy_hash_dedup_shuffle": (HEALTHY, [], 4),
 }
 # a p2p pipeline whose last stage leaves its loop early also leaves a send unmatched
 KINDS_EXTRA = {"pipe_microbatches": ["unmatched_p2p"]}

@@ -5,7 +5,7 @@ rank 3's data shard is a batch short, so it leaves the loop (line 42) after five
 barrier after it. Its peers' sixth iteration issues the loop's barrier (line 43, which rank 3's barrier after
 the loop matches), the fsdp all_reduce (line 45, through a helper) and later a ring send/recv (line 55).
 Rank 1 waits in the all_reduce, rank 0 in its recv from rank 3. Both the hang ("finished without posting
-all_reduce #31 ... it left that loop early") and the unmatched p2p ("left its loop in iteration 6 ... never
+all_reduce #31 ... it left that loop early") and the unmatched p2p ("departed from its loop in iteration 6 ... never
 the send to rank 0") name rank 3; the p2p took the headline though the all_reduce came first in the loop.
 """
 from __future__ import annotations

@@ -345,7 +345,7 @@ def test_class11_a_wrong_peer_in_the_last_iteration_is_not_blamed_on_the_rank_th
     b.rank_state(0, exitcode=1)
     d = diagnose(b.build())
     assert d.headline.ranks == [2], d.verdict
-    assert "left its loop in iteration 4" in d.verdict and "isend to rank 1" in d.verdict
+    assert "departed from its loop in iteration 4" in d.verdict and "isend to rank 1" in d.verdict
 
 
 def test_class11_a_skip_in_the_second_iteration_breaks_a_two_rank_cycle() -> None:

@@ -68,3 +68,16 @@ def test_a_loop_that_only_repeats_is_healthy():
     a = run(_loop(skip_at=None).build())
     assert a.verdict.startswith("OK"), a.verdict
     assert np.all([f.severity == "info" for f in a.findings])
+
+
+def test_set_up_calls_that_outnumber_the_period_keep_the_shortest_period():
+    """Two set-up calls, then a pull and a push per round; the fifth round has no push (hand program
+    ps_unlabeled_push_skip): the phase is searched below the period only, so the loop was found at period 4
+    and the round called iteration 3 of 5. Its true period is the shortest that repeats to the same break."""
+    calls = ["bcast_obj", "bcast"] + ["recv", "send"] * 4 + ["recv", "recv"]
+    steps, brk = virtual_steps(calls)
+    assert brk == 11
+    assert steps.tolist() == [-1, -1, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+    # a period that is not a multiple of a shorter one is kept
+    steps, brk = virtual_steps(["x", "y", "z", "a", "b", "c", "a", "b", "c", "a", "b", "d"])
+    assert brk == 11 and steps.tolist() == [-1, -1, -1, 0, 0, 0, 1, 1, 1, 2, 2, 2]

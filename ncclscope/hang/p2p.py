@@ -239,8 +239,8 @@ def _routine_departure(ix: TraceIndex, f: Finding) -> Finding:
     if virtual:
         was = ref[i]
         did = f"{was[3]}" + (f" {'to' if was[1] == 'send' else 'from'} rank {was[2]}" if was[2] >= 0 else "")
-        title = (f"{rank_label(trace, [r])} left its loop in iteration {s + 1}: where its previous iteration posted "
-                 f"{did} ({was[0]}), it posted {went} ({x_site}) and never the {other} {prep} rank {q} "
+        title = (f"{rank_label(trace, [r])} departed from its loop in iteration {s + 1}: where its previous iteration "
+                 f"posted {did} ({was[0]}), it posted {went} ({x_site}) and never the {other} {prep} rank {q} "
                  f"({want[0]}), so {tail}")
     else:
         title = (f"{rank_label(trace, [r])} skipped the {other} {prep} rank {q} at step {s} ({want[0]}): where its "

@@ -49,6 +49,8 @@ def virtual_steps(sites: list[str], min_repeats: int = MIN_REPEATS) -> tuple[np.
     if best is None:
         return None
     brk, p, o = best[0], -best[1], -best[2]
+    if not late:
+        p = _true_period(codes, brk, p, o)
     idx = np.arange(n)
     steps = np.where(idx >= o, (idx - o) // p, -1)
     if late:          # the irregular iterations before the run: each began with the loop's first call
@@ -59,6 +61,18 @@ def virtual_steps(sites: list[str], min_repeats: int = MIN_REPEATS) -> tuple[np.
             steps = np.where(idx >= o, steps + len(heads), -1)
             steps[heads[0]:o] = early[heads[0]:o]
     return steps, brk
+
+
+def _true_period(codes: np.ndarray, brk: int, p: int, o: int) -> int:
+    """The shortest divisor d of the period p found whose repetition from the same phase o holds to the same
+    break: the phase is searched below the period only, so a loop whose set-up calls outnumber its period is
+    found at a multiple of it (two calls of set-up, then a pull and a push per round: period 4, every
+    iteration numbered as two rounds, the round a worker skipped its push called iteration 3 of 5)."""
+    for d in range(1, p):
+        if p % d == 0 and o + d <= brk and bool((codes[o + d:brk] == codes[o:brk - d]).all()) \
+                and codes[brk] != codes[brk - d]:
+            return d
+    return p
 
 
 def _late_loop(codes: np.ndarray, min_repeats: int) -> tuple[int, int, int] | None:
