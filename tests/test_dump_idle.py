@@ -162,3 +162,24 @@ def test_tied_ranks_ordered_by_their_dump_times_where_a_waiter_went_past_them(tm
     same = {r: 1.0 for r in range(4)}
     a = run(load_flight_recorder(_dumps("rp20261219_282_uneven_loop_fr", tmp_path / "same", same)))
     assert a.headline is not None and a.headline.ranks == [0] and "the lowest rank is named" in a.verdict, a.verdict
+
+
+def test_dumps_copied_without_their_times_are_not_called_healthy(tmp_path) -> None:
+    """#178's dumps copied the way users move them off a cluster (scp, a bucket): every file time is the
+    copy's, hours after the last op. When each dump was written is unknown, so the idle yardsticks cannot
+    speak; nothing is in flight on any rank. It read "OK" (seed 20261230 #58 and #166, dumps copied without
+    their times). Now: STOPPED, a warning that blames nobody and says why it cannot tell, and a loader
+    warning that names the ranks whose write time is unknown. The same dumps with their times keep the
+    error the timed test above expects."""
+    d = _dumps("rp20261210_178_swap_order_fr", tmp_path)
+    for f in d.glob("nccl_trace_rank_*"):
+        t = f.stat().st_mtime_ns + 6 * 3600 * 10**9          # copied six hours later
+        os.utime(f, ns=(t, t))
+    trace = load_flight_recorder(d)
+    assert any("ranks 0,1: the Flight Recorder dump's file time is not within" in w for w in trace.warnings), \
+        trace.warnings
+    a = run(trace)
+    assert a.verdict.startswith("STOPPED: all ranks stopped after"), a.verdict
+    assert "when their Flight Recorder dumps were written is unknown" in a.verdict
+    assert a.level == "warning" and a.exit_code == 1
+    assert not [f for f in a.findings if f.severity == "error"], [f.title for f in a.findings]

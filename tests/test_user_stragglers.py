@@ -233,16 +233,16 @@ def test_a_loop_followed_by_a_final_barrier_still_has_iterations() -> None:
     assert (a.headline.kind, a.headline.ranks) == ("straggler", [3]), a.verdict
 
 
-def test_too_few_steps_for_any_record_to_be_rare_is_not_a_straggler_however_late():
+def test_too_few_steps_for_any_record_to_be_rare_is_not_a_straggler_however_late(tmp_path) -> None:
     """Seed 20261212 #364, a healthy 4-rank job of 3 steps (gloo dumps as written): rank 1 arrived last at
     every collective by 7 ms a step, z 4.8. Three steps of four ranks can give no record rarer than
     4^-3 = 0.016 > ALPHA, so the strong-effect path (p <= 0.05) must not stand in for it: the power-limited
     rule asks for at least MIN_STEPS_ALL steps, all led. It read as a STRAGGLER warning before."""
-    from pathlib import Path
-
     from ncclscope.load.foreign.flight_recorder import load_flight_recorder
     from ncclscope.verdict import run
-    a = run(load_flight_recorder(Path(__file__).parent / "data" / "randprog" / "rp20261212_364_healthy_fr"))
+    from randprog_data import timed_dumps
+    # dumped on demand right after the last op (the fixture keeps no file times; copied ones read STOPPED)
+    a = run(load_flight_recorder(timed_dumps("rp20261212_364_healthy_fr", tmp_path, gap_s={r: 0.05 for r in range(4)})))
     assert a.ok and a.verdict.startswith("OK"), a.verdict
     late = [f for f in a.findings if f.kind == "straggler"]
     assert late and all(f.severity == "info" for f in late), [(f.severity, f.title) for f in late]

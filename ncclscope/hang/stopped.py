@@ -30,6 +30,7 @@ from ncclscope.hang.group_order import in_group_creation
 from ncclscope.hang.behind import left_behind
 from ncclscope.hang.dump_idle import ended_early
 from ncclscope.index.dump_gaps import PACE_FACTOR, PACE_MIN_OPS, p2p_unrecorded
+from ncclscope.load.foreign.fr_extras import DUMP_MARKER
 from ncclscope.hang.outlived import outlived_roots
 from ncclscope.hang.history_ties import resolve_by_history
 from ncclscope.hang.wording import duration
@@ -89,6 +90,9 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         if empty:
             return [_empty_dumps(ix, present, empty)]
     idle = None if unused else ix.dump_gaps
+    if (not unused and idle is None and trace.run.source == "flight_recorder" and p2p_unrecorded(ix)
+            and not _dump_times(trace, present)):
+        return [_times_unknown(ix, present)]
     if not unused and (idle is None or not idle["idle"].any()):
         return []
     split = _split(ix, idle, present)
@@ -129,6 +133,35 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         data["went_on"] = others
     return [Finding(kind="no_op_in_flight", severity="error", title=title, ranks=sorted(int(r) for r in stopped),
                     evidence=ev[:60], involved=sorted(int(r) for r in present), data=data)]
+
+
+def _dump_times(trace: Any, present: list[int]) -> bool:
+    """Does every present rank's dump carry its write time (a dump marker: fr_extras.dump_markers)?"""
+    ev = trace.marks
+    if not len(ev):
+        return False
+    marked = set(ev.loc[(ev["op_name"].astype(str) == DUMP_MARKER).to_numpy(), "rank"].astype(int))
+    return set(present) <= marked
+
+
+def _times_unknown(ix: Any, present: list[int]) -> Finding:
+    """Every rank stopped with nothing in flight, and the dumps' file times are not when they were written
+    (copied files: scp, a bucket, kubectl cp keep none): whether the ranks sat idle past their timeout
+    (hung outside collectives) or were dumped on demand after a clean end, the dumps cannot say. On gloo
+    (asked only there: its dumps record no send/recv, so a rank outside every recorded op may be blocked in
+    one) dumps are written on a timeout far more often than on demand, so the job is not called healthy;
+    nobody is blamed, and it is a warning, not an error (seed 20261230 #58 and #166, dumps copied without
+    their times: "OK"). NCCL records send/recv: there a dump with nothing in flight stays OK."""
+    where = _last_ops(ix, present)
+    title = (f"all ranks stopped after {where}, no collective in flight, and when their Flight Recorder dumps "
+             f"were written is unknown (the files' times are not those of their writing: copied?): the job may "
+             f"have hung or died outside collectives, {_where_else(ix, present)}, or have been dumped on "
+             f"demand after it ended; the dumps cannot say which (analyze the files where torch wrote them, or "
+             f"copied with their times kept: `cp -p`, `scp -p`, `rsync -t`)")
+    ev = _stopped_evidence(ix.coll, present, [], None)
+    return Finding(kind="no_op_in_flight", severity="warning", title=title, ranks=sorted(int(r) for r in present),
+                   evidence=ev[:60], involved=sorted(int(r) for r in present),
+                   data={"unused_groups": [], "stopped_after": where, "dump_times_unknown": True})
 
 
 def failed_alone(trace: Any, present: list[int]) -> bool:

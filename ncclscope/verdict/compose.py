@@ -79,9 +79,10 @@ def compose_verdict(diagnosis: "Diagnosis | None", perf_findings: list[Finding],
     if diagnosis is not None and not diagnosis.ok:
         return diagnosis.verdict, "error"
     # A rank that died with nobody waiting on it is no hang, but the job did not end well: never OK
-    # (a healthy run has no dead rank, so this costs no false alarm)
+    # (a healthy run has no dead rank, so this costs no false alarm); nor dumps of ranks that all stopped
+    # outside collectives whose write times are unknown (hang/stopped._times_unknown: copied files)
     dead = [f for f in (diagnosis.findings if diagnosis is not None else [])
-            if f.kind == FindingKind.DEAD_RANK and f.severity == Severity.WARNING]
+            if f.kind in (FindingKind.DEAD_RANK, FindingKind.NO_OP_IN_FLIGHT) and f.severity == Severity.WARNING]
     if dead:
         return f"{prefix(dead[0].kind)}: {dead[0].title}", "warning"
     serious = sort_findings([f for f in perf_findings if f.severity in (Severity.ERROR, Severity.WARNING)])

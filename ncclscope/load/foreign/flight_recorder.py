@@ -245,7 +245,7 @@ def _assemble(read: _Read, fixed: FixedUp) -> Trace:
     the group table, the run info; the per-entry columns are freed before the tables are built."""
     ents, f, files, warnings = read.ents, fixed, read.files, read.warnings
     present = f.present
-    markers = dump_markers(ents.rank_stats, files, present)
+    markers = dump_markers(ents.rank_stats, files, present, warnings)
     stacks = pending_stacks(ents, ~f.completed & f.keep, f.op_names, f.op, f.labels, f.label, f.peer, f.p2p_seq,
                             f.is_p2p)
     backend_of_label = f.backend_of_label(ents)

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 
 from ncclscope import schema as S
+from ncclscope.ranklists import fmt_ranks
 from ncclscope.load.foreign.fr_entries import Entries
 from ncclscope.load.foreign.fr_read import format_stack
 from ncclscope.load.foreign.vocab import events_table
@@ -18,12 +19,14 @@ DUMP_MARKER = "flight_recorder_dump"
 
 
 def dump_markers(stats: dict[int, tuple[int, int, int, int, int]], files: dict[int, tuple[Path, str]],
-                  present: set[int]) -> pa.Table:
+                  present: set[int], warnings: list[str] | None = None) -> pa.Table:
     """One marker row per rank at its dump file's mtime: when the dump was taken, so a
     waiter's "waiting since" has an end. Dumps carry no timestamp of their own; an mtime
-    outside [last op, last op + 2 x timeout + 10 min] (a copied file) is not trusted.
+    outside [last op, last op + 2 x timeout + 10 min] (a copied file) is not trusted, and
+    `warnings` gets one line naming the ranks whose write time is therefore unknown.
     `stats`: Entries.rank_stats (per rank: ..., max created, max timeout_ms, max record_id)."""
     rows: dict[str, list[Any]] = {"rank": [], "op_id": [], "time_ns": [], "message": []}
+    untrusted: list[int] = []
     for r in sorted(present):
         if r not in stats:
             continue
@@ -38,6 +41,13 @@ def dump_markers(stats: dict[int, tuple[int, int, int, int, int]], files: dict[i
             rows["op_id"].append(record + 1)
             rows["time_ns"].append(mtime)
             rows["message"].append(f"Flight Recorder dump {files[r][0].name} written (file mtime)")
+        else:
+            untrusted.append(r)
+    if untrusted and warnings is not None:
+        who = f"rank{'s' if len(untrusted) > 1 else ''} {fmt_ranks(untrusted)}"
+        warnings.append(f"{who}: the Flight Recorder dump's file time is not within 2 x its collective timeout "
+                        f"+ 10 min of its last op (a copied file keeps no write time): when "
+                        f"{'it was' if len(untrusted) == 1 else 'they were'} written is unknown")
     return events_table({**rows, "phase": S.PHASE_INSTANT, "kind": S.KIND_MARKER, "op_name": DUMP_MARKER},
                         len(rows["rank"]))
 
