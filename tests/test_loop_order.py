@@ -116,8 +116,9 @@ def _ring(wrong_at: int | None) -> TraceBuilder:
 def test_a_send_to_the_wrong_peer_in_a_loop_names_the_sender():
     a = run(_ring(wrong_at=2).build())
     assert a.root_ranks == [0], a.verdict
-    assert a.verdict.startswith("UNMATCHED P2P: rank 0 departed from its loop in iteration 3: where its previous iteration "
-                                "posted send to rank 1 (ring.py:5), it posted send to rank 2 (ring.py:5)"), a.verdict
+    assert a.verdict.startswith("UNMATCHED P2P: rank 0 departed from its loop in iteration 3: where its previous "
+                                "iteration posted send to rank 1 (ring.py:5), it posted send to rank 2 (ring.py:5)"), \
+        a.verdict
 
 
 def test_a_healthy_ring_is_ok():

@@ -1,4 +1,5 @@
-"""DP-SGD-style per-example clipping at an adaptive threshold (the 90th percentile of the batch's per-example gradient norms) found by a float32 bisection that never ends on one rank.
+"""DP-SGD-style per-example clipping at an adaptive threshold (the 90th percentile of the batch's per-example
+gradient norms) found by a float32 bisection that never ends on one rank.
 Each rank computes its per-example gradients of a linear model in closed form, finds the clip threshold
 with `quantile_bisect` (bisect until `hi - lo <= tol`, tol 1e-5), clips, and all-reduces the clipped
 gradient sum and the example count. With float32 bounds the loop only ends when the quantile is small

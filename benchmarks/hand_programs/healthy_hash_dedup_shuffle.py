@@ -1,4 +1,5 @@
-"""Healthy: a global dedup-and-reshuffle of the training documents by hash partitioning before training, with split sizes agreed through an all_gather of per-destination counts.
+"""Healthy: a global dedup-and-reshuffle of the training documents by hash partitioning before training, with
+split sizes agreed through an all_gather of per-destination counts.
 Every rank loads its own raw shard (with duplicates, also across shards), sends each document to the rank
 that owns its hash (`doc_id * PRIME % world`): the per-destination counts are all-gathered into a
 world x world matrix (`all_gather_into_tensor`), each rank reads its receive splits from its column, and

@@ -1,4 +1,5 @@
-"""Healthy: hand-rolled data parallelism that overlaps communication with the backward pass through post-accumulate-grad hooks, with tied weights and a frozen table.
+"""Healthy: hand-rolled data parallelism that overlaps communication with the backward pass through post-
+accumulate-grad hooks, with tied weights and a frozen table.
 A tiny language model (token embedding tied to the output projection, a frozen positional table, a
 two-layer MLP block) registers `register_post_accumulate_grad_hook` on every trainable parameter: the
 hook launches `dist.all_reduce(p.grad, async_op=True)` as soon as that gradient is final and chains a

@@ -1,4 +1,5 @@
-"""Hierarchical gradient all-reduce (reduce to the node leader, all-reduce among leaders, broadcast back) whose node count comes from each node's hostfile.
+"""Hierarchical gradient all-reduce (reduce to the node leader, all-reduce among leaders, broadcast back) whose
+node count comes from each node's hostfile.
 Two "nodes" of two ranks ({0, 1} and {2, 3}); every rank creates the intra-node groups and the leaders'
 group {0, 2}. The first 2 steps use a flat world all_reduce while the topology is probed; from step 2
 on the gradients go through `hier_all_reduce`: `dist.reduce` to the node leader over the node group, an

@@ -1,4 +1,5 @@
-"""Parameter-server regression with non-blocking pull/push, where a worker skips its push when the label filter empties its batch.
+"""Parameter-server regression with non-blocking pull/push, where a worker skips its push when the label filter
+empties its batch.
 Rank 0 is the server: each round it `isend`s the weights to every worker (pull, tagged with the round)
 and `irecv`s one push from each worker (gradient sum and sample count, same tag), then takes an SGD step
 on the pooled gradient. A worker drops the examples whose label is missing (NaN) before computing its

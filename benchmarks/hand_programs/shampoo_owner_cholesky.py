@@ -1,4 +1,5 @@
-"""A distributed Shampoo-style preconditioner whose owner rank raises a LinAlgError in `torch.linalg.cholesky` for a head that has not seen its task yet.
+"""A distributed Shampoo-style preconditioner whose owner rank raises a LinAlgError in `torch.linalg.cholesky`
+for a head that has not seen its task yet.
 A multi-task regressor (shared trunk, a "price" head and a "count" head) averages its gradients with one
 flat all_reduce; each 2-D weight is then preconditioned by its owner rank (blocks are assigned greedily by
 cost, so rank 2 owns the count head) with the inverse of its accumulated right factor `G^T G` plus a

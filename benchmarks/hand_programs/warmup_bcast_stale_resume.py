@@ -1,4 +1,5 @@
-"""A loss-driven learning-rate warmup broadcast from rank 0, skipped by a rank that resumed from a stale checkpoint left in its node-local scratch.
+"""A loss-driven learning-rate warmup broadcast from rank 0, skipped by a rank that resumed from a stale
+checkpoint left in its node-local scratch.
 Every rank looks for the newest checkpoint in its own scratch directory and, if it finds one, restores
 the model, the optimizer and the `warmup_done` flag from it; the weights are then broadcast from rank 0
 anyway "so that everyone starts from the same point". While warming up, rank 0 alone raises the LR
