@@ -223,12 +223,13 @@ def _sequence_finding(ix, g: str, k: int, rows: pd.DataFrame, dev: tuple[int, st
     src = f" from {site}" if site else ""
     iters = f"{n} earlier iteration{'' if n == 1 else 's'}"
     title = (f"{rank_label(ix.trace, [rank])} deviates in {mine['op_name']} #{k} on {ix.label(g)}: called "
-             f"{mine['op_name']}{at} where its own earlier calls on {g} issue {op}{src} at this point of its loop "
-             f"({iters} {'says' if n == 1 else 'say'} so)")
+             f"{mine['op_name']}{at}")
     if skipped:
-        title = (f"{rank_label(ix.trace, [rank])} deviates in {mine['op_name']} #{k} on {ix.label(g)}: called "
-                 f"{mine['op_name']}{at} without the {op}{src} on {g} that came before it in "
-                 f"{'its own earlier iteration' if n == 1 else f'each of its own {iters}'} (it skipped that call)")
+        title += (f" without the {op}{src} on {g} that came before it in "
+                  f"{'its own earlier iteration' if n == 1 else f'each of its own {iters}'} (it skipped that call)")
+    else:
+        title += (f" where its own earlier calls on {g} issue {op}{src} at this point of its loop "
+                  f"({iters} {'says' if n == 1 else 'say'} so)")
     if len(others):
         title += (f"; {rank_label(ix.trace, others['rank'])} called what "
                   f"{'its own loop issues' if len(others) == 1 else 'their own loops issue'} there")

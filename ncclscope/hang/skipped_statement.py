@@ -23,15 +23,16 @@ from collections import Counter
 import pandas as pd
 
 
-def _statements(coll: pd.DataFrame, rank: int, group: str, k: int) -> list[tuple[str, str]]:
-    """The rank's calls on `group` up to and including #k, as (op, call site), in sequence order."""
-    mine = coll[(coll["rank"] == rank).to_numpy() & (coll["process_group"] == group).to_numpy()
-                & (coll["collective_seq_id"] <= k).to_numpy()].sort_values("collective_seq_id", kind="stable")
+def _statements(on_g: pd.DataFrame, rank: int) -> list[tuple[str, str]]:
+    """The rank's calls in `on_g` (its group's, up to #k) as (op, call site), in sequence order."""
+    mine = on_g[(on_g["rank"] == rank).to_numpy()].sort_values("collective_seq_id", kind="stable")
     return list(zip(mine["op_name"].astype(str), mine["call_site"].astype(str)))
 
 
-def _skipped(calls: list[tuple[str, str]], peer_counts: list[Counter]) -> tuple[tuple[str, str], int] | None:
-    """(the statement the last call skipped, how many earlier iterations placed it there), or None."""
+def _skipped(calls: list[tuple[str, str]], counts: Counter, peer_counts: list[Counter]
+             ) -> tuple[tuple[str, str], int] | None:
+    """(the statement the last call skipped, how many earlier iterations placed it there), or None.
+    `counts`: the calls' own Counter."""
     if not calls:
         return None
     s = calls[-1]
@@ -39,7 +40,6 @@ def _skipped(calls: list[tuple[str, str]], peer_counts: list[Counter]) -> tuple[
     n_s = len(at_s)
     if n_s < 2:
         return None
-    counts = Counter(calls)
     for t, n_t in counts.items():
         if t == s or n_t != n_s - 1 or not any(pc[t] >= n_s for pc in peer_counts):
             continue
@@ -57,11 +57,12 @@ def skipped_statement(coll: pd.DataFrame, rows: pd.DataFrame, group: str) -> tup
     if len(rows) < 2 or rows["rank"].duplicated().any():
         return None
     k = int(rows["collective_seq_id"].max())
-    calls = {int(r): _statements(coll, int(r), group, k) for r in rows["rank"]}
+    on_g = coll[(coll["process_group"] == group).to_numpy() & (coll["collective_seq_id"] <= k).to_numpy()]
+    calls = {int(r): _statements(on_g, int(r)) for r in rows["rank"]}
     counts = {r: Counter(c) for r, c in calls.items()}
     flagged = []
     for r, mine in calls.items():
-        got = _skipped(mine, [c for q, c in counts.items() if q != r])
+        got = _skipped(mine, counts[r], [c for q, c in counts.items() if q != r])
         if got is not None:
             flagged.append((r, *got[0], got[1]))
     return flagged[0] if len(flagged) == 1 else None

@@ -29,8 +29,7 @@ from ncclscope.index.labels import fmt_ranks, rank_label
 from ncclscope.hang.group_order import in_group_creation
 from ncclscope.hang.behind import left_behind
 from ncclscope.hang.dump_idle import ended_early
-from ncclscope.index.dump_gaps import PACE_FACTOR, PACE_MIN_OPS, p2p_unrecorded
-from ncclscope.load.foreign.fr_extras import DUMP_MARKER
+from ncclscope.index.dump_gaps import PACE_FACTOR, PACE_MIN_OPS, dump_times_known, p2p_unrecorded
 from ncclscope.hang.outlived import outlived_roots
 from ncclscope.hang.history_ties import resolve_by_history
 from ncclscope.hang.wording import duration
@@ -91,7 +90,7 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
             return [_empty_dumps(ix, present, empty)]
     idle = None if unused else ix.dump_gaps
     if (not unused and idle is None and trace.run.source == "flight_recorder" and p2p_unrecorded(ix)
-            and not _dump_times(trace, present)):
+            and not dump_times_known(trace)):
         return [_times_unknown(ix, present)]
     if not unused and (idle is None or not idle["idle"].any()):
         return []
@@ -133,15 +132,6 @@ def stopped_roots(source: IndexLike, roots: list[Finding] | None = None) -> list
         data["went_on"] = others
     return [Finding(kind="no_op_in_flight", severity="error", title=title, ranks=sorted(int(r) for r in stopped),
                     evidence=ev[:60], involved=sorted(int(r) for r in present), data=data)]
-
-
-def _dump_times(trace: Any, present: list[int]) -> bool:
-    """Does every present rank's dump carry its write time (a dump marker: fr_extras.dump_markers)?"""
-    ev = trace.marks
-    if not len(ev):
-        return False
-    marked = set(ev.loc[(ev["op_name"].astype(str) == DUMP_MARKER).to_numpy(), "rank"].astype(int))
-    return set(present) <= marked
 
 
 def _times_unknown(ix: Any, present: list[int]) -> Finding:

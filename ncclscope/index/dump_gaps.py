@@ -57,7 +57,7 @@ def dump_gaps(ix: Any) -> pd.DataFrame | None:
     ev, coll = ix.trace.marks, ix.coll
     if not len(ev) or not len(coll) or "timeout_ms" not in ix.trace.ops.columns:
         return None
-    marks = ev[(ev["op_name"].astype(str) == DUMP_MARKER).to_numpy()]
+    marks = _dump_marks(ev)
     if not len(marks):
         return None
     dumped = marks.groupby("rank", observed=True)["t_ns"].max()
@@ -83,6 +83,18 @@ def dump_gaps(ix: Any) -> pd.DataFrame | None:
     by_pace = (per["pace"] >= 0) & (per["gap"] > IDLE_FLOOR_NS) & (per["gap"] > PACE_FACTOR * per["pace"])
     per["idle"] = (per["gap"] > per["tmo"]) | (by_pace & p2p_unrecorded(ix))
     return per
+
+
+def _dump_marks(ev: pd.DataFrame) -> pd.DataFrame:
+    """The marker rows of the dumps whose file time the loader trusted (fr_extras.dump_markers)."""
+    return ev[(ev["op_name"].astype(str) == DUMP_MARKER).to_numpy()] if len(ev) else ev
+
+
+def dump_times_known(trace: Any) -> bool:
+    """Does every present rank's dump carry its write time (a trusted file time: a dump marker)? A copied
+    file's does not (hang/stopped._times_unknown)."""
+    marked = set(_dump_marks(trace.marks)["rank"].astype(int)) if len(trace.marks) else set()
+    return {int(r) for r in trace.present_ranks} <= marked
 
 
 def p2p_unrecorded(ix: Any) -> bool:
